@@ -46,3 +46,7 @@ class CacheError(NexusError, ValueError):
 
 class CacheOverflowError(CacheError):
     """A write would need more rows than the cache may hold."""
+
+
+class TokenError(NexusError, ValueError):
+    """Token ids are empty, not integers, or outside the model's vocabulary."""

@@ -1,0 +1,6 @@
+"""KV-cache storage (:mod:`.cache`) and RoPE at arbitrary positions (:mod:`.rope`)."""
+
+from nexus_mlx.kv.cache import NexusCache, WritePlan
+from nexus_mlx.kv.rope import RopeSpec, apply_rope, reanchor
+
+__all__ = ["NexusCache", "RopeSpec", "WritePlan", "apply_rope", "reanchor"]

@@ -1,0 +1,401 @@
+"""The nexus KV cache: per-layer K/V rows with an absolute position per row.
+
+Contract:
+- Rows ``[0, n_past)`` are live; row ``r`` of every layer holds the K/V of one token whose RoPE
+  position is ``positions[r]``. Positions need not be contiguous or sorted: attention is masked
+  by position, not by row order (see ``models.forward``).
+- K is stored ``(1, H_kv, capacity, D)``. V is row-major ``(1, H_kv, capacity, D)`` or
+  token-innermost ``(1, H_kv, D, capacity)`` (``v_layout="transposed"``, used for soft-capped
+  models as llama.cpp does without flash attention). Capacity grows in ``step``-row chunks up to
+  ``max_tokens``.
+- Range operations take half-open row ranges ``[p0, p1)`` inside ``[0, n_past)``: ``remove``,
+  ``shift`` (positions move by ``delta`` and keys are re-rotated exactly, V unchanged), ``trim``,
+  ``fork``. Every operation validates all of its arguments before touching anything, so a failed
+  operation leaves the cache exactly as it was (llama.cpp ``llama_memory_seq_*`` semantics).
+- ``to_mlx_lm``/``from_mlx_lm`` convert to and from mlx-lm's cache list so that
+  ``mlx_lm.generate_step(prompt_cache=...)`` can continue from a nexus cache.
+
+It knows the per-layer RoPE specs (to re-rotate keys) but nothing about weights or tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from nexus_mlx.errors import CacheError, CacheOverflowError, PositionError
+from nexus_mlx.kv.rope import RopeSpec, reanchor
+
+V_LAYOUTS = ("row", "transposed")
+MAX_POSITION = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """A validated write of ``len(rows)`` tokens: rows, their positions and the new n_past."""
+
+    rows: np.ndarray  # (T,) int64
+    positions: np.ndarray  # (T,) int64
+    n_past_after: int
+    contiguous: bool  # rows form one increasing run
+
+    @property
+    def first_row(self) -> int:
+        return int(self.rows[0])
+
+
+class NexusCache:
+    """K/V storage for every layer of one sequence (batch size 1)."""
+
+    def __init__(
+        self,
+        rope_specs: Sequence[RopeSpec],
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: mx.Dtype = mx.float32,
+        v_layout: str = "row",
+        max_tokens: int | None = None,
+        step: int = 256,
+    ) -> None:
+        if v_layout not in V_LAYOUTS:
+            raise CacheError(f"v_layout {v_layout!r} is not one of {V_LAYOUTS}")
+        if max_tokens is not None and max_tokens <= 0:
+            raise CacheError(f"max_tokens must be positive, got {max_tokens}")
+        if step <= 0:
+            raise CacheError(f"step must be positive, got {step}")
+        self.rope_specs = tuple(rope_specs)
+        self.n_kv_heads = int(n_kv_heads)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.v_layout = v_layout
+        self.max_tokens = max_tokens
+        self.step = step
+        self.n_past = 0
+        self.capacity = 0
+        self._positions = np.zeros(0, dtype=np.int64)
+        self._keys: list[mx.array] = []
+        self._values: list[mx.array] = []
+
+    # ---- introspection ------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.rope_specs)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Absolute positions of the live rows, a copy ``(n_past,)``."""
+        return self._positions[: self.n_past].copy()
+
+    @property
+    def next_position(self) -> int:
+        """One past the largest live position (0 for an empty cache)."""
+        return int(self._positions[: self.n_past].max()) + 1 if self.n_past else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self._keys, self._values, strict=True))
+
+    def can_shift(self) -> bool:
+        """Keys can be re-rotated to new positions (every layer has an invertible RoPE)."""
+        return all(spec.dims > 0 for spec in self.rope_specs)
+
+    def keys(self, layer: int) -> mx.array:
+        """Live keys of ``layer``, ``(1, H_kv, n_past, D)``."""
+        self._check_layer(layer)
+        if not self._keys:
+            return mx.zeros((1, self.n_kv_heads, 0, self.head_dim), self.dtype)
+        return self._keys[layer][:, :, : self.n_past, :]
+
+    def values(self, layer: int) -> mx.array:
+        """Live values of ``layer`` in row-major form ``(1, H_kv, n_past, D)``."""
+        self._check_layer(layer)
+        if not self._values:
+            return mx.zeros((1, self.n_kv_heads, 0, self.head_dim), self.dtype)
+        if self.v_layout == "transposed":
+            return self._values[layer][..., : self.n_past].swapaxes(-1, -2)
+        return self._values[layer][:, :, : self.n_past, :]
+
+    def stored_values(self, layer: int) -> mx.array:
+        """Live values in their stored layout (``(1,H,n,D)`` or ``(1,H,D,n)``)."""
+        self._check_layer(layer)
+        if self.v_layout == "transposed":
+            return self._values[layer][..., : self.n_past]
+        return self._values[layer][:, :, : self.n_past, :]
+
+    def __repr__(self) -> str:
+        return (
+            f"NexusCache(layers={self.num_layers}, n_past={self.n_past}, capacity={self.capacity}, "
+            f"kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, v_layout={self.v_layout!r}, "
+            f"dtype={self.dtype})"
+        )
+
+    # ---- validation ---------------------------------------------------------------------
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise CacheError(f"layer {layer} is outside [0, {self.num_layers})")
+
+    def _check_range(self, p0: int, p1: int) -> None:
+        if not (isinstance(p0, int | np.integer) and isinstance(p1, int | np.integer)):
+            raise CacheError(f"range bounds must be integers, got p0={p0!r}, p1={p1!r}")
+        if p0 < 0 or p0 > p1 or p1 > self.n_past:
+            raise CacheError(f"range [{p0}, {p1}) is not inside [0, n_past={self.n_past})")
+
+    def _check_rows_fit(self, n_rows: int) -> None:
+        if self.max_tokens is not None and n_rows > self.max_tokens:
+            raise CacheOverflowError(
+                f"{n_rows} rows needed but the cache holds at most max_tokens={self.max_tokens}"
+            )
+
+    def plan_write(
+        self, rows: np.ndarray | Sequence[int] | None, positions: np.ndarray | Sequence[int]
+    ) -> WritePlan:
+        """Validate a write of ``len(positions)`` tokens. ``rows`` None appends at ``n_past``.
+
+        Rows may overwrite live rows or extend past ``n_past``, but the live rows afterwards
+        must be gap-free; rows must be distinct; positions must be in ``[0, 2**31)``.
+        """
+        pos = np.asarray(positions).reshape(-1)
+        if pos.size and not np.issubdtype(pos.dtype, np.integer):
+            raise PositionError(f"positions must be integers, got dtype {pos.dtype}")
+        pos = pos.astype(np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() > MAX_POSITION):
+            bad = pos[(pos < 0) | (pos > MAX_POSITION)][0]
+            raise PositionError(f"position {int(bad)} is outside [0, {MAX_POSITION}]")
+        if rows is None:
+            row_arr = np.arange(self.n_past, self.n_past + pos.size, dtype=np.int64)
+        else:
+            row_arr = np.asarray(rows).reshape(-1)
+            if row_arr.size and not np.issubdtype(row_arr.dtype, np.integer):
+                raise CacheError(f"rows must be integers, got dtype {row_arr.dtype}")
+            row_arr = row_arr.astype(np.int64)
+        if row_arr.size != pos.size:
+            raise CacheError(f"{row_arr.size} rows for {pos.size} positions")
+        if row_arr.size == 0:
+            return WritePlan(row_arr, pos, self.n_past, True)
+        if row_arr.min() < 0:
+            raise CacheError(f"row {int(row_arr.min())} is negative")
+        if np.unique(row_arr).size != row_arr.size:
+            raise CacheError("rows must be distinct; got duplicates")
+        n_after = max(self.n_past, int(row_arr.max()) + 1)
+        new_rows = row_arr[row_arr >= self.n_past]
+        if new_rows.size != n_after - self.n_past:
+            raise CacheError(
+                f"rows would leave gaps: writing {new_rows.size} rows past n_past={self.n_past} "
+                f"but the highest row is {int(row_arr.max())}"
+            )
+        self._check_rows_fit(n_after)
+        contiguous = bool(np.all(np.diff(row_arr) == 1))
+        return WritePlan(row_arr, pos, n_after, contiguous)
+
+    # ---- storage growth -----------------------------------------------------------------
+    def _v_shape(self, n: int) -> tuple[int, ...]:
+        if self.v_layout == "transposed":
+            return (1, self.n_kv_heads, self.head_dim, n)
+        return (1, self.n_kv_heads, n, self.head_dim)
+
+    def reserve(self, n_rows: int) -> None:
+        """Make room for ``n_rows`` rows (grows in ``step`` chunks, never past max_tokens)."""
+        self._check_rows_fit(n_rows)
+        if n_rows <= self.capacity:
+            return
+        new_cap = math.ceil(n_rows / self.step) * self.step
+        if self.max_tokens is not None:
+            new_cap = min(new_cap, self.max_tokens)
+        extra = new_cap - self.capacity
+        # One fresh array per layer: rows are later written in place (``a[...] = x``), so
+        # layers must never share an array object.
+        k_shape = (1, self.n_kv_heads, extra, self.head_dim)
+        v_axis = -1 if self.v_layout == "transposed" else 2
+        if not self._keys:
+            self._keys = [mx.zeros(k_shape, self.dtype) for _ in range(self.num_layers)]
+            self._values = [mx.zeros(self._v_shape(extra), self.dtype) for _ in range(self.num_layers)]
+        else:
+            k_pad = mx.zeros(k_shape, self.dtype)
+            v_pad = mx.zeros(self._v_shape(extra), self.dtype)
+            self._keys = [mx.concatenate([k, k_pad], axis=2) for k in self._keys]
+            self._values = [mx.concatenate([v, v_pad], axis=v_axis) for v in self._values]
+        self._positions = np.concatenate([self._positions, np.zeros(extra, np.int64)])
+        self.capacity = new_cap
+
+    # ---- writes (used by the engine and by splice) --------------------------------------
+    def commit_positions(self, plan: WritePlan) -> None:
+        """Record a validated write's positions and cursor (storage must be reserved)."""
+        self.reserve(plan.n_past_after)
+        self._positions[plan.rows] = plan.positions
+        self.n_past = plan.n_past_after
+
+    def write_layer(self, layer: int, plan: WritePlan, k: mx.array, v: mx.array) -> None:
+        """Write ``k, v (1, H_kv, T, D)`` into the rows of ``plan`` for one layer."""
+        if plan.rows.size == 0:
+            return
+        k = k.astype(self.dtype)
+        v = v.astype(self.dtype)
+        if plan.contiguous:
+            r0, r1 = plan.first_row, plan.first_row + plan.rows.size
+            self._keys[layer][:, :, r0:r1, :] = k
+            if self.v_layout == "transposed":
+                self._values[layer][..., r0:r1] = v.swapaxes(-1, -2)
+            else:
+                self._values[layer][:, :, r0:r1, :] = v
+            return
+        idx = mx.array(plan.rows.astype(np.int32))
+        self._keys[layer][:, :, idx, :] = k
+        if self.v_layout == "transposed":
+            self._values[layer][..., idx] = v.swapaxes(-1, -2)
+        else:
+            self._values[layer][:, :, idx, :] = v
+
+    def write(
+        self,
+        positions: np.ndarray | Sequence[int],
+        keys: Sequence[mx.array],
+        values: Sequence[mx.array],
+        rows: np.ndarray | Sequence[int] | None = None,
+    ) -> WritePlan:
+        """Write precomputed K/V (one ``(1, H_kv, T, D)`` pair per layer) at ``rows``."""
+        plan = self.plan_write(rows, positions)
+        if len(keys) != self.num_layers or len(values) != self.num_layers:
+            raise CacheError(
+                f"need K and V for {self.num_layers} layers, got {len(keys)} and {len(values)}"
+            )
+        want = (1, self.n_kv_heads, plan.rows.size, self.head_dim)
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            if tuple(k.shape) != want or tuple(v.shape) != want:
+                raise CacheError(f"layer {i}: K {k.shape} / V {v.shape}, expected {want}")
+        self.commit_positions(plan)
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            self.write_layer(i, plan, k, v)
+        return plan
+
+    # ---- range operations ---------------------------------------------------------------
+    def remove(self, p0: int, p1: int) -> None:
+        """Delete rows ``[p0, p1)``; later rows move down, keeping their positions."""
+        self._check_range(p0, p1)
+        n = p1 - p0
+        if n == 0:
+            return
+        keep = np.r_[0:p0, p1:self.capacity]
+        idx = mx.array(keep.astype(np.int32))
+        pad_k = mx.zeros((1, self.n_kv_heads, n, self.head_dim), self.dtype)
+        pad_v = mx.zeros(self._v_shape(n), self.dtype)
+        v_axis = -1 if self.v_layout == "transposed" else 2
+        self._keys = [mx.concatenate([mx.take(k, idx, axis=2), pad_k], axis=2) for k in self._keys]
+        self._values = [
+            mx.concatenate([mx.take(v, idx, axis=v_axis), pad_v], axis=v_axis) for v in self._values
+        ]
+        self._positions = np.concatenate([self._positions[keep], np.zeros(n, np.int64)])
+        self.n_past -= n
+
+    def shift(self, p0: int, p1: int, delta: int) -> None:
+        """Move rows ``[p0, p1)`` by ``delta`` positions, re-rotating their keys exactly."""
+        self._check_range(p0, p1)
+        if not isinstance(delta, int | np.integer):
+            raise CacheError(f"delta must be an integer, got {delta!r}")
+        if p0 == p1 or delta == 0:
+            return
+        moved = self._positions[p0:p1] + int(delta)
+        if moved.min() < 0 or moved.max() > MAX_POSITION:
+            raise PositionError(
+                f"shifting rows [{p0}, {p1}) by {delta} gives positions in "
+                f"[{int(moved.min())}, {int(moved.max())}], outside [0, {MAX_POSITION}]"
+            )
+        for layer, spec in enumerate(self.rope_specs):
+            k = self._keys[layer]
+            k[:, :, p0:p1, :] = reanchor(k[:, :, p0:p1, :], int(delta), spec)
+        self._positions[p0:p1] = moved
+
+    def trim(self, n: int) -> None:
+        """Keep only rows ``[0, n)``."""
+        self._check_range(n, self.n_past)
+        self.n_past = n
+
+    def fork(self, p0: int = 0, p1: int | None = None) -> NexusCache:
+        """A new cache holding a copy of rows ``[p0, p1)`` (default: all live rows)."""
+        p1 = self.n_past if p1 is None else p1
+        self._check_range(p0, p1)
+        other = NexusCache(
+            self.rope_specs, self.n_kv_heads, self.head_dim, dtype=self.dtype,
+            v_layout=self.v_layout, max_tokens=self.max_tokens, step=self.step,
+        )
+        n = p1 - p0
+        if n == 0:
+            return other
+        other.reserve(n)
+        other._positions[:n] = self._positions[p0:p1]
+        other.n_past = n
+        for layer in range(self.num_layers):
+            other._keys[layer][:, :, :n, :] = self._keys[layer][:, :, p0:p1, :]
+            if self.v_layout == "transposed":
+                other._values[layer][..., :n] = self._values[layer][..., p0:p1]
+            else:
+                other._values[layer][:, :, :n, :] = self._values[layer][:, :, p0:p1, :]
+        mx.eval(other._keys, other._values)
+        return other
+
+    def copy(self) -> NexusCache:
+        """An independent copy of the whole cache."""
+        return self.fork()
+
+    # ---- mlx-lm interoperability --------------------------------------------------------
+    def to_mlx_lm(self, model: Any) -> list[Any]:
+        """mlx-lm caches (``model.make_cache()`` or KVCache list) holding the same rows.
+
+        mlx-lm caches know only an offset, so positions must be exactly ``0..n_past-1``.
+        """
+        if not np.array_equal(self.positions, np.arange(self.n_past)):
+            raise CacheError(
+                "mlx-lm caches need positions 0..n_past-1 in row order; this cache has "
+                f"positions {self.positions[:8].tolist()}..."
+            )
+        from mlx_lm.models.cache import make_prompt_cache
+
+        caches = make_prompt_cache(model)
+        if len(caches) != self.num_layers:
+            raise CacheError(f"model has {len(caches)} layers, cache has {self.num_layers}")
+        if self.n_past:
+            for layer, c in enumerate(caches):
+                c.update_and_fetch(self.keys(layer), self.values(layer))
+            mx.eval([c.state for c in caches])
+        return caches
+
+    @classmethod
+    def from_mlx_lm(
+        cls,
+        caches: Sequence[Any],
+        rope_specs: Sequence[RopeSpec],
+        *,
+        v_layout: str = "row",
+        max_tokens: int | None = None,
+    ) -> NexusCache:
+        """Build a nexus cache from mlx-lm ``KVCache`` objects (positions ``0..offset-1``)."""
+        if len(caches) != len(rope_specs):
+            raise CacheError(f"{len(caches)} caches for {len(rope_specs)} RoPE specs")
+        offsets = {int(c.offset) for c in caches}
+        if len(offsets) != 1:
+            raise CacheError(f"mlx-lm caches disagree on their offset: {sorted(offsets)}")
+        keys, values = [], []
+        for i, c in enumerate(caches):
+            if c.offset and c.keys is None:
+                raise CacheError(f"layer {i}: cache has offset {c.offset} but no keys")
+            k, v = (c.state if c.offset else (None, None))
+            if k is not None and (k.shape[2] != c.offset or k.shape[0] != 1):
+                raise CacheError(
+                    f"layer {i}: {type(c).__name__} holds {k.shape[2]} rows for offset "
+                    f"{c.offset} (rotated or batched caches cannot be converted)"
+                )
+            keys.append(k)
+            values.append(v)
+        n = offsets.pop()
+        first = keys[0]
+        if first is None:
+            raise CacheError("cannot infer head shape from an empty mlx-lm cache")
+        out = cls(rope_specs, first.shape[1], first.shape[3], dtype=first.dtype,
+                  v_layout=v_layout, max_tokens=max_tokens)
+        out.write(np.arange(n), keys, values)
+        return out
