@@ -361,7 +361,7 @@ class NexusCache:
         if self.n_past:
             for layer, c in enumerate(caches):
                 c.update_and_fetch(self.keys(layer), self.values(layer))
-            mx.eval([c.state for c in caches])
+            mx.eval([c.keys for c in caches], [c.values for c in caches])
         return caches
 
     @classmethod
@@ -383,7 +383,7 @@ class NexusCache:
         for i, c in enumerate(caches):
             if c.offset and c.keys is None:
                 raise CacheError(f"layer {i}: cache has offset {c.offset} but no keys")
-            k, v = (c.state if c.offset else (None, None))
+            k, v = _live_rows(c) if c.offset else (None, None)
             if k is not None and (k.shape[2] != c.offset or k.shape[0] != 1):
                 raise CacheError(
                     f"layer {i}: {type(c).__name__} holds {k.shape[2]} rows for offset "
@@ -399,3 +399,10 @@ class NexusCache:
                   v_layout=v_layout, max_tokens=max_tokens)
         out.write(np.arange(n), keys, values)
         return out
+
+
+def _live_rows(c: Any) -> tuple[mx.array, mx.array]:
+    """The first ``offset`` rows an mlx-lm cache holds (a rotated cache holds fewer)."""
+    if hasattr(c, "keys_and_values"):
+        return c.keys_and_values()  # type: ignore[no-any-return]
+    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
