@@ -379,22 +379,22 @@ class NexusCache:
         offsets = {int(c.offset) for c in caches}
         if len(offsets) != 1:
             raise CacheError(f"mlx-lm caches disagree on their offset: {sorted(offsets)}")
+        n = offsets.pop()
+        if n == 0:
+            raise CacheError("cannot infer the head shape from empty mlx-lm caches")
         keys, values = [], []
         for i, c in enumerate(caches):
-            if c.offset and c.keys is None:
+            if c.keys is None:
                 raise CacheError(f"layer {i}: cache has offset {c.offset} but no keys")
-            k, v = _live_rows(c) if c.offset else (None, None)
-            if k is not None and (k.shape[2] != c.offset or k.shape[0] != 1):
+            k, v = _live_rows(c)
+            if k.shape[2] != c.offset or k.shape[0] != 1:
                 raise CacheError(
                     f"layer {i}: {type(c).__name__} holds {k.shape[2]} rows for offset "
                     f"{c.offset} (rotated or batched caches cannot be converted)"
                 )
             keys.append(k)
             values.append(v)
-        n = offsets.pop()
         first = keys[0]
-        if first is None:
-            raise CacheError("cannot infer head shape from an empty mlx-lm cache")
         out = cls(rope_specs, first.shape[1], first.shape[3], dtype=first.dtype,
                   v_layout=v_layout, max_tokens=max_tokens)
         out.write(np.arange(n), keys, values)

@@ -201,7 +201,7 @@ def _yarn_periods(dims: int, base: float, cfg: dict[str, Any]) -> np.ndarray:
         return dims * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dims - 1)
+    high: float = min(math.ceil(correction_dim(beta_slow)), dims - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(dims // 2, dtype=np.float64) - low) / (high - low), 0, 1)

@@ -38,7 +38,7 @@ def default_dtype() -> mx.Dtype | None:
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
-def model_classes(config: Mapping[str, Any]) -> tuple[type[nn.Module], type]:
+def model_classes(config: Mapping[str, Any]) -> tuple[Any, Any]:
     """The mlx-lm (Model, ModelArgs) classes for ``config['model_type']``."""
     model_type = config.get("model_type")
     module_name = MLX_LM_MODULES.get(str(model_type))

@@ -1,0 +1,147 @@
+"""Shared helpers for the benchmark scripts in bench/ (run as ``python bench/<name>.py [--quick]``).
+
+Contract: importing this module makes ``nexus_mlx`` importable (adds the repository root to
+``sys.path`` when it is not installed) and imports it, so a script that does ``from common import
+...`` before ``import mlx.core`` gets the optimized BLAS. It provides timing (``time_ms``),
+bootstrap statistics (``median_ci``, ``ratio_ci``), machine description (``machine_info``) and the
+result protocol: ``emit`` writes ``results/<name>.json`` (``results/quick/`` with ``--quick``) and
+prints the same object as one JSON line, the script's last stdout line.
+
+It does not know what is being benchmarked; ``time_ms`` only calls ``fn``, which must force its own
+outputs (``mx.eval``) so lazy MLX work is inside the timed region.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import nexus_mlx  # noqa: E402  (must be imported before mlx: it loads the fast BLAS)
+from nexus_mlx._blas import BLAS_STATUS  # noqa: E402
+
+_ENV_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "NEXUS_MLX_BLAS")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, object]:
+    """Describe the machine, versions and BLAS setup a result was measured on."""
+    return {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "mlx": _version("mlx"),
+        "mlx_lm": _version("mlx-lm"),
+        "numpy": np.__version__,
+        "nexus_mlx": nexus_mlx.__version__,
+        "blas": dataclasses.asdict(BLAS_STATUS),
+        "env": {k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def time_ms(fn: Callable[[], object], warmup: int = 2, trials: int = 10) -> list[float]:
+    """Call ``fn`` ``warmup`` times untimed, then ``trials`` times; return each trial in ms."""
+    if warmup < 0 or trials < 1:
+        raise ValueError(f"need warmup >= 0 and trials >= 1, got warmup={warmup}, trials={trials}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _check(values: Sequence[float], name: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
+    return arr
+
+
+def _boot_medians(arr: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
+    medians: np.ndarray = np.median(arr[idx], axis=1)
+    return medians
+
+
+def median_ci(
+    values: Sequence[float], n_boot: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float, float]:
+    """Median of ``values`` and its percentile-bootstrap ``1 - alpha`` interval: (median, lo, hi)."""
+    arr = _check(values, "values")
+    boots = _boot_medians(arr, n_boot, np.random.default_rng(seed))
+    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
+    return float(np.median(arr)), float(lo), float(hi)
+
+
+def ratio_ci(
+    a_values: Sequence[float],
+    b_values: Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> tuple[float, float, float]:
+    """median(a) / median(b) and its bootstrap interval (a and b resampled independently)."""
+    a = _check(a_values, "a_values")
+    b = _check(b_values, "b_values")
+    rng = np.random.default_rng(seed)
+    boots = _boot_medians(a, n_boot, rng) / _boot_medians(b, n_boot, rng)
+    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
+    return float(np.median(a) / np.median(b)), float(lo), float(hi)
+
+
+def result_path(name: str, quick: bool) -> Path:
+    """Where benchmark ``name`` writes its JSON: results/<name>.json or results/quick/<name>.json."""
+    return ROOT / "results" / ("quick" if quick else "") / f"{name}.json"
+
+
+def emit(name: str, payload: dict[str, object], quick: bool) -> dict[str, object]:
+    """Add name, mode and machine info to ``payload``, write it, print it as one JSON line."""
+    result: dict[str, object] = {"name": name, "quick": quick, **payload}
+    result["machine"] = machine_info()
+    path = result_path(name, quick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    """Argument parser with the ``--quick`` flag every benchmark accepts."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 min) for smoke tests")
+    return parser

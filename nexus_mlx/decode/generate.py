@@ -1,0 +1,153 @@
+"""The sampling loop over the nexus engine, with time-to-first-token and throughput.
+
+Contract: ``generate_tokens(model, prompt_tokens, cache)`` prefills the prompt into ``cache``
+through ``models.forward`` and yields sampled token ids one at a time until an end-of-sequence
+id or ``max_tokens``; the cache then holds the prompt and every generated token but the last.
+``generate``/``chat`` wrap it for text prompts and chat messages and return a
+:class:`Generation` with timings. Samplers and logits processors are plain callables with
+mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``, ``processor(tokens, logits)``), so
+``mlx_lm.sample_utils.make_sampler`` plugs in directly. Greedy by default.
+
+It evaluates arrays (it is the executor of a decode loop); it knows nothing about tools.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.models.forward import forward, make_cache
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    """Pick the most likely token: ``(1, V) -> (1,)``."""
+    return mx.argmax(logprobs, axis=-1)
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float = 0.0  # prompt submitted -> first token sampled
+    decode_s: float = 0.0  # first token -> last token
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.ttft_s if self.ttft_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        later = self.generated_tokens - 1
+        return later / self.decode_s if later > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+def _next_token(
+    logits: mx.array,
+    history: list[int],
+    sampler: Sampler,
+    processors: Sequence[LogitsProcessor],
+) -> int:
+    logits = logits[:, -1, :]  # (1, V)
+    for process in processors:
+        logits = process(mx.array(history), logits)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    token = sampler(logprobs)
+    mx.eval(token)
+    return int(cast(int, token.item()))
+
+
+def generate_tokens(
+    model: nn.Module,
+    prompt_tokens: Sequence[int],
+    cache: NexusCache,
+    *,
+    max_tokens: int = 256,
+    eos_token_ids: set[int] | None = None,
+    sampler: Sampler | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """Prefill ``prompt_tokens`` into ``cache`` and yield up to ``max_tokens`` sampled ids."""
+    sampler = sampler or greedy
+    eos = eos_token_ids or set()
+    stats = stats if stats is not None else GenerationStats()
+    history = list(prompt_tokens)
+    stats.prompt_tokens = len(history)
+    start = time.perf_counter()
+    logits = forward(model, history, cache, logits="last")
+    token = _next_token(logits, history, sampler, logits_processors)
+    stats.ttft_s = time.perf_counter() - start
+    first = time.perf_counter()
+    for _ in range(max_tokens):
+        stats.generated_tokens += 1
+        stats.decode_s = time.perf_counter() - first
+        yield token
+        if token in eos or stats.generated_tokens >= max_tokens:
+            return
+        history.append(token)
+        logits = forward(model, [token], cache, logits="last")
+        token = _next_token(logits, history, sampler, logits_processors)
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids:
+        return set(ids)
+    single = getattr(tokenizer, "eos_token_id", None)
+    return {single} if single is not None else set()
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    *,
+    cache: NexusCache | None = None,
+    max_tokens: int = 256,
+    sampler: Sampler | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+) -> Generation:
+    """Generate a completion of ``prompt`` (text or token ids); stops at end-of-sequence."""
+    tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    cache = cache if cache is not None else make_cache(model)
+    stats = GenerationStats()
+    eos = _eos_ids(tokenizer)
+    out = list(
+        generate_tokens(
+            model, tokens, cache, max_tokens=max_tokens, eos_token_ids=eos, sampler=sampler,
+            logits_processors=logits_processors, stats=stats,
+        )
+    )
+    text_tokens = out[:-1] if out and out[-1] in eos else out
+    return Generation(tokenizer.decode(text_tokens), out, stats)
+
+
+def chat(
+    model: nn.Module,
+    tokenizer: Any,
+    messages: Sequence[dict[str, str]] | str,
+    **kwargs: Any,
+) -> Generation:
+    """One assistant turn for chat ``messages`` (a string is one user message)."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    prompt = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict):  # some tokenizers return a BatchEncoding
+        prompt = prompt["input_ids"]
+    return generate(model, tokenizer, list(prompt), **kwargs)
