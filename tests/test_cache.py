@@ -81,13 +81,15 @@ def test_remove_tail_equals_prefill_of_prefix(model):
 
 
 def test_remove_middle_keeps_rows_and_positions(model):
-    cache, _ = _filled(model)
+    cache, tokens = _filled(model)
+    assert np.array_equal(cache.tokens, tokens)
     keys = [np.array(cache.keys(i)) for i in range(cache.num_layers)]
     values = [np.array(cache.values(i)) for i in range(cache.num_layers)]
     cache.remove(5, 9)
     assert cache.n_past == 16
     assert cache.positions.tolist() == list(range(5)) + list(range(9, 20))
     keep = np.r_[0:5, 9:20]
+    assert np.array_equal(cache.tokens, tokens[keep])
     for i in range(cache.num_layers):
         assert np.array_equal(np.array(cache.keys(i)), keys[i][:, :, keep])
         assert np.array_equal(np.array(cache.values(i)), values[i][:, :, keep])
@@ -106,6 +108,7 @@ def test_trim_and_fork(model):
     cache, tokens = _filled(model)
     part = cache.fork(3, 11)
     assert part.n_past == 8 and part.positions.tolist() == list(range(3, 11))
+    assert np.array_equal(part.tokens, tokens[3:11])
     for i in range(cache.num_layers):
         assert np.array_equal(np.array(part.keys(i)), np.array(cache.keys(i))[:, :, 3:11])
     whole = cache.copy()
@@ -135,6 +138,7 @@ def test_write_precomputed_rows_matches_forward(model):
         [cache.keys(i) for i in range(cache.num_layers)],
         [cache.values(i) for i in range(cache.num_layers)],
     )
+    assert (other.tokens == -1).all()
     assert _diff(forward(model, [3], cache), forward(model, [3], other)) <= 1e-6
 
 

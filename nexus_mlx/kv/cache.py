@@ -2,7 +2,8 @@
 
 Contract:
 - Rows ``[0, n_past)`` are live; row ``r`` of every layer holds the K/V of one token whose RoPE
-  position is ``positions[r]``. Positions need not be contiguous or sorted: attention is masked
+  position is ``positions[r]`` and whose id is ``tokens[r]`` (-1 where K/V were written without
+  token ids). Positions need not be contiguous or sorted: attention is masked
   by position, not by row order (see ``models.forward``).
 - K is stored ``(1, H_kv, capacity, D)``. V is row-major ``(1, H_kv, capacity, D)`` or
   token-innermost ``(1, H_kv, D, capacity)`` (``v_layout="transposed"``, used for soft-capped
@@ -79,6 +80,7 @@ class NexusCache:
         self.n_past = 0
         self.capacity = 0
         self._positions = np.zeros(0, dtype=np.int64)
+        self._tokens = np.zeros(0, dtype=np.int64)
         self._keys: list[mx.array] = []
         self._values: list[mx.array] = []
 
@@ -91,6 +93,11 @@ class NexusCache:
     def positions(self) -> np.ndarray:
         """Absolute positions of the live rows, a copy ``(n_past,)``."""
         return self._positions[: self.n_past].copy()
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Token ids of the live rows (-1 where unknown), a copy ``(n_past,)``."""
+        return self._tokens[: self.n_past].copy()
 
     @property
     def next_position(self) -> int:
@@ -221,13 +228,17 @@ class NexusCache:
             self._keys = [mx.concatenate([k, k_pad], axis=2) for k in self._keys]
             self._values = [mx.concatenate([v, v_pad], axis=v_axis) for v in self._values]
         self._positions = np.concatenate([self._positions, np.zeros(extra, np.int64)])
+        self._tokens = np.concatenate([self._tokens, np.full(extra, -1, np.int64)])
         self.capacity = new_cap
 
     # ---- writes (used by the engine and by splice) --------------------------------------
-    def commit_positions(self, plan: WritePlan) -> None:
-        """Record a validated write's positions and cursor (storage must be reserved)."""
+    def commit_positions(self, plan: WritePlan, tokens: np.ndarray | None = None) -> None:
+        """Record a validated write's positions, token ids and cursor (reserving storage)."""
+        if tokens is not None and np.asarray(tokens).size != plan.rows.size:
+            raise CacheError(f"{np.asarray(tokens).size} token ids for {plan.rows.size} rows")
         self.reserve(plan.n_past_after)
         self._positions[plan.rows] = plan.positions
+        self._tokens[plan.rows] = -1 if tokens is None else np.asarray(tokens).reshape(-1)
         self.n_past = plan.n_past_after
 
     def write_layer(self, layer: int, plan: WritePlan, k: mx.array, v: mx.array) -> None:
@@ -257,9 +268,13 @@ class NexusCache:
         keys: Sequence[mx.array],
         values: Sequence[mx.array],
         rows: np.ndarray | Sequence[int] | None = None,
+        tokens: np.ndarray | Sequence[int] | None = None,
     ) -> WritePlan:
-        """Write precomputed K/V (one ``(1, H_kv, T, D)`` pair per layer) at ``rows``."""
+        """Write precomputed K/V (one ``(1, H_kv, T, D)`` pair per layer) at ``rows``, with
+        their token ids if known."""
         plan = self.plan_write(rows, positions)
+        if tokens is not None and np.asarray(tokens).size != plan.rows.size:
+            raise CacheError(f"{np.asarray(tokens).size} token ids for {plan.rows.size} rows")
         if len(keys) != self.num_layers or len(values) != self.num_layers:
             raise CacheError(
                 f"need K and V for {self.num_layers} layers, got {len(keys)} and {len(values)}"
@@ -268,7 +283,7 @@ class NexusCache:
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             if tuple(k.shape) != want or tuple(v.shape) != want:
                 raise CacheError(f"layer {i}: K {k.shape} / V {v.shape}, expected {want}")
-        self.commit_positions(plan)
+        self.commit_positions(plan, None if tokens is None else np.asarray(tokens))
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             self.write_layer(i, plan, k, v)
         return plan
@@ -290,6 +305,7 @@ class NexusCache:
             mx.concatenate([mx.take(v, idx, axis=v_axis), pad_v], axis=v_axis) for v in self._values
         ]
         self._positions = np.concatenate([self._positions[keep], np.zeros(n, np.int64)])
+        self._tokens = np.concatenate([self._tokens[keep], np.full(n, -1, np.int64)])
         self.n_past -= n
 
     def shift(self, p0: int, p1: int, delta: int) -> None:
@@ -328,6 +344,7 @@ class NexusCache:
             return other
         other.reserve(n)
         other._positions[:n] = self._positions[p0:p1]
+        other._tokens[:n] = self._tokens[p0:p1]
         other.n_past = n
         for layer in range(self.num_layers):
             other._keys[layer][:, :, :n, :] = self._keys[layer][:, :, p0:p1, :]

@@ -216,7 +216,7 @@ def forward(
         pos = np.asarray(positions).reshape(-1)
     _check_positions(plan, pos, t)
     write = cache.plan_write(rows, pos)
-    cache.commit_positions(write)
+    cache.commit_positions(write, np.array(toks))
     masks = layer_masks(plan, write.positions, cache.positions)
     h = embed(model, toks)
     for i in range(plan.num_layers):
