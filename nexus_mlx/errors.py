@@ -50,3 +50,13 @@ class CacheOverflowError(CacheError):
 
 class TokenError(NexusError, ValueError):
     """Token ids are empty, not integers, or outside the model's vocabulary."""
+
+
+class BlockFormatError(NexusError, ValueError):
+    """A compiled KV block (``.atb`` file or in-memory block) is malformed, truncated or
+    internally inconsistent; the message names the offending field and values."""
+
+
+class BlockMismatchError(NexusError, ValueError):
+    """A compiled KV block was made by another model (architecture, shapes, weights or RoPE);
+    the message lists every differing field."""
