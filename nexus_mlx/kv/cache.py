@@ -108,6 +108,10 @@ class NexusCache:
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self._keys, self._values, strict=True))
 
+    def evaluate(self) -> None:
+        """Force pending writes (MLX is lazy); executors call this to time their stages."""
+        mx.eval(self._keys, self._values)
+
     def can_shift(self) -> bool:
         """Keys can be re-rotated to new positions (every layer has an invertible RoPE)."""
         return all(spec.dims > 0 for spec in self.rope_specs)

@@ -24,7 +24,9 @@ bytes                              section
 =================================  ==========================================================
 ``[0, 128)``                       header (table below)
 ``[128, 128 + meta_size)``         metadata: UTF-8 JSON ``{"fingerprint": {...},
-                                   "rope_specs": [{...} per layer], "tokens": [...]}``
+                                   "rope_specs": [{...} per layer], "tokens": [...],
+                                   "context": [...]}`` (context: the token ids at
+                                   positions ``0..m0-1`` when compiled, or empty)
 ``[k_offset, k_offset + k_size)``  K ``(layers, kv_heads, S, head_dim)``, C order
 ``[v_offset, v_offset + v_size)``  V ``(layers, kv_heads, S, head_dim)`` (row layout) or
                                    ``(layers, kv_heads, head_dim, S)`` (transposed layout)
@@ -152,6 +154,9 @@ class BlockHeader:
     dtype: str = "float16"
     v_layout: str = "row"
     layout: BlockLayout | None = field(default=None, compare=False)
+    # Token ids that preceded the block (positions 0..m0-1) when it was compiled; a splice at
+    # m0 after exactly these tokens is anchored, i.e. output-exact. Empty when unknown.
+    context: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         problems = _header_problems(self)
@@ -204,6 +209,9 @@ def _header_problems(h: BlockHeader) -> list[str]:
         for i, spec in enumerate(h.rope_specs)
         if spec.head_dim != fp.head_dim
     ]
+    bad_context = [t for t in h.context if not _is_int(t) or not 0 <= t < fp.vocab_size]
+    if bad_context:
+        problems.append(f"context token id {bad_context[0]!r} is outside [0, {fp.vocab_size})")
     if not h.tokens:
         problems.append("a block needs at least one token")
     else:
@@ -307,13 +315,22 @@ def block_from_cache(
         raise BlockFormatError(f"rows [{start}, {stop}) include rows without token ids")
     layout = v_layout or cache.v_layout
     header = BlockHeader(model_fingerprint(model), plan.rope_specs, m0,
-                         tuple(int(t) for t in tokens), dtype, layout)
+                         tuple(int(t) for t in tokens), dtype, layout,
+                         context=_context_tokens(cache, start))
     target = _MX_DTYPES[dtype]
     k = mx.stack([cache.keys(i)[0, :, start:stop, :] for i in range(plan.num_layers)])
     v = mx.stack([cache.values(i)[0, :, start:stop, :] for i in range(plan.num_layers)])
     if layout == "transposed":
         v = v.swapaxes(-1, -2)
     return CompiledBlock(header, k.astype(target), v.astype(target))  # (L, H, S, D) / stored V
+
+
+def _context_tokens(cache: NexusCache, start: int) -> tuple[int, ...]:
+    """Token ids of rows ``[0, start)`` if they are known and at positions ``0..start-1``."""
+    positions, tokens = cache.positions[:start], cache.tokens[:start]
+    if not np.array_equal(positions, np.arange(start)) or (tokens < 0).any():
+        return ()
+    return tuple(int(t) for t in tokens)
 
 
 # ---- encoding ----------------------------------------------------------------------------------
@@ -346,6 +363,7 @@ def encode_metadata(header: BlockHeader) -> bytes:
         "fingerprint": header.fingerprint.as_dict(),
         "rope_specs": [spec.as_dict() for spec in header.rope_specs],
         "tokens": list(header.tokens),
+        "context": list(header.context),
     })
 
 
@@ -496,15 +514,18 @@ def _check_sections(raw: dict[str, Any], file_size: int) -> None:
         raise BlockFormatError(f"{file_size - v_end} trailing bytes after the V section")
 
 
-def _decode_metadata(meta: bytes) -> tuple[ModelFingerprint, tuple[RopeSpec, ...], tuple[int, ...]]:
+def _decode_metadata(
+    meta: bytes,
+) -> tuple[ModelFingerprint, tuple[RopeSpec, ...], tuple[int, ...], tuple[int, ...]]:
     try:
         obj = json.loads(meta.decode("utf-8"))
         fp = ModelFingerprint(**obj["fingerprint"])
         specs = tuple(_rope_from_json(spec) for spec in obj["rope_specs"])
         tokens = tuple(obj["tokens"])
+        context = tuple(obj.get("context", ()))
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise BlockFormatError(f"unreadable metadata: {type(exc).__name__}: {exc}") from exc
-    return fp, specs, tokens
+    return fp, specs, tokens, context
 
 
 def _tupled(value: Any) -> Any:
@@ -564,14 +585,14 @@ def _parse(head: bytes, meta_reader: Any, file_size: int) -> BlockHeader:
         raise BlockFormatError(f"truncated: read {len(meta)} of {raw['meta_size']} metadata bytes")
     if _digest8(head[:CHECKED_PREFIX] + meta) != raw["check_digest"]:
         raise BlockFormatError("check_digest mismatch: the header or the metadata is corrupt")
-    fp, specs, tokens = _decode_metadata(meta)
+    fp, specs, tokens, context = _decode_metadata(meta)
     problems = _metadata_disagreements(raw, fp, specs, tokens)
     if problems:
         raise BlockFormatError("metadata disagrees with the header: " + "; ".join(problems))
     layout = BlockLayout(raw["meta_size"], raw["k_offset"], raw["k_size"], raw["v_offset"],
                          raw["v_size"])
     return BlockHeader(fp, specs, raw["m0"], tokens, DTYPES[raw["dtype"]],
-                       V_LAYOUTS[raw["v_layout"]], layout)
+                       V_LAYOUTS[raw["v_layout"]], layout, context=context)
 
 
 def _read_verified_header(f: IO[bytes]) -> BlockHeader:

@@ -1,0 +1,129 @@
+"""Splice a compiled block into a live cache: re-anchor, write, then depth-adaptive repair.
+
+Contract: ``splice(model, cache, block, at=None, curve=Curve())``
+1. validates the block against the running model (fingerprint and every layer's RoPE spec) and
+   the write against the cache, before touching anything;
+2. writes the block's K/V into rows ``n_past .. n_past+S-1`` at positions ``at .. at+S-1``
+   (default ``at`` = the cache's next position), every key re-rotated by ``delta = at - m0``;
+3. re-decodes the trailing ``curve.tokens(S, n_past)`` block tokens through all layers (they see
+   the live context and the spliced rows before them), unless the splice is *anchored*
+   (``at == m0`` right after exactly the block's compile-time context), which is output-exact.
+   At R = 100% every block row is recomputed: exactly a text prefill.
+
+Paths reported in :class:`SpliceResult`: ``anchored`` (exact, nothing recomputed), ``bare``
+(``curve=None``: no repair), ``repaired`` (R% of the block recomputed), ``prefill`` (R = 100%),
+``declined`` (the back-end cannot do the transposed-V copy safely: the block was prefilled as
+text instead — never silently). Timings are per stage, in seconds.
+
+It evaluates arrays (it is an executor). It does not choose blocks or know about routing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.kv.rope import reanchor
+from nexus_mlx.models.forward import forward
+from nexus_mlx.splice.atb import CompiledBlock, validate_block
+from nexus_mlx.splice.curve import Curve
+
+SplicePath = Literal["anchored", "bare", "repaired", "prefill", "declined"]
+
+
+@dataclass
+class SpliceResult:
+    path: SplicePath
+    at: int  # position of the block's first token
+    rows: tuple[int, int]  # cache rows [r0, r1) now holding the block
+    delta: int  # re-anchoring shift applied to every key
+    r_pct: float  # recompute percentage the curve asked for (0 for anchored/bare)
+    recomputed: int  # block tokens re-decoded
+    reason: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def transposed_copy_is_safe() -> bool:
+    """Whether this back-end can do the strided transposed V copy in place: yes on CPU and on
+    unified-memory Metal; no on discrete CUDA devices, where it degenerates into a pathological
+    uncoalesced scatter (the splice then falls back to a text prefill)."""
+    return not (hasattr(mx, "cuda") and mx.cuda.is_available())
+
+
+def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
+    """True when the block lands where it was compiled, right after its compile-time context."""
+    context = np.asarray(block.header.context, dtype=np.int64)
+    return (
+        at == block.m0
+        and cache.n_past == block.m0 == context.size
+        and np.array_equal(cache.positions, np.arange(cache.n_past))
+        and np.array_equal(cache.tokens, context)
+    )
+
+
+def _write_block(cache: NexusCache, block: CompiledBlock, at: int) -> None:
+    delta = at - block.m0
+    keys = [
+        reanchor(block.keys(i).astype(cache.dtype), delta, spec)
+        for i, spec in enumerate(cache.rope_specs)
+    ]
+    values = [block.values(i) for i in range(cache.num_layers)]
+    cache.write(np.arange(at, at + block.num_tokens), keys, values, tokens=block.tokens)
+    cache.evaluate()
+
+
+def splice(
+    model: nn.Module,
+    cache: NexusCache,
+    block: CompiledBlock,
+    *,
+    at: int | None = None,
+    curve: Curve | None = Curve(),  # noqa: B008  (frozen, immutable default)
+) -> SpliceResult:
+    """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    validate_block(block, model)
+    at = cache.next_position if at is None else at
+    n_past, s = cache.n_past, block.num_tokens
+    positions = np.arange(at, at + s)
+    cache.plan_write(None, positions)  # raises, cache untouched, if the write is invalid
+    timings["validate"] = time.perf_counter() - start
+    rows = (n_past, n_past + s)
+    base = SpliceResult("bare", at, rows, at - block.m0, 0.0, 0)
+
+    if cache.v_layout == "transposed" and not transposed_copy_is_safe():
+        t0 = time.perf_counter()
+        mx.eval(forward(model, list(block.tokens), cache, positions=positions, logits="last"))
+        timings["prefill"] = time.perf_counter() - t0
+        base.path, base.recomputed, base.r_pct = "declined", s, 100.0
+        base.reason = "transposed-V copy is unsafe on this back-end; prefilled the text instead"
+        base.timings = timings
+        return base
+
+    anchored = is_anchored(cache, block, at)
+    t0 = time.perf_counter()
+    _write_block(cache, block, at)
+    timings["copy"] = time.perf_counter() - t0
+    if anchored:
+        base.path = "anchored"
+    elif curve is not None:
+        base.r_pct = curve.percent(n_past)
+        base.recomputed = curve.tokens(s, n_past)
+        t0 = time.perf_counter()
+        if base.recomputed:
+            tail = slice(s - base.recomputed, s)
+            out = forward(model, list(block.tokens[tail]), cache, positions=positions[tail],
+                          rows=np.arange(*rows)[tail], logits="last")
+            mx.eval(out)
+            cache.evaluate()
+        timings["repair"] = time.perf_counter() - t0
+        base.path = "prefill" if base.recomputed == s else "repaired"
+    base.timings = timings
+    return base
