@@ -167,3 +167,35 @@ def test_cache_overflow_is_reported():
     with pytest.raises(CacheOverflowError, match="max_tokens=16"):
         forward(model, _tokens(10), cache)
     assert cache.n_past == 10
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gemma3"])
+def test_attention_probe_sees_causal_probabilities(name):
+    model = tiny_model(name)
+    tokens = _tokens(12)
+    seen = {}
+
+    def probe(layer, probs):
+        seen[layer] = np.array(probs)
+
+    plain = forward(model, tokens, make_cache(model))
+    probed = forward(model, tokens, make_cache(model), probe=probe)
+    assert _max_diff(plain, probed) <= 1e-5
+    assert sorted(seen) == [0, 1]
+    for probs in seen.values():
+        assert probs.shape == (1, 4, 12, 12)
+        assert np.allclose(probs.sum(-1), 1.0, atol=1e-5)
+        assert np.all(np.triu(probs[0, 0], k=1) == 0)  # no attention to later positions
+
+
+def test_forward_hidden_partial_depth():
+    from nexus_mlx.models.forward import forward_hidden, lm_head
+
+    model = tiny_model("qwen3")
+    tokens = _tokens(9)
+    full = forward_hidden(model, tokens, make_cache(model))
+    assert _max_diff(lm_head(model, full), forward(model, tokens, make_cache(model))) <= 1e-6
+    one = forward_hidden(model, tokens, make_cache(model), num_layers=1)
+    assert one.shape == full.shape and _max_diff(one, full) > 1e-3
+    with pytest.raises(PositionError, match="num_layers"):
+        forward_hidden(model, tokens, make_cache(model), num_layers=3)

@@ -8,14 +8,17 @@ within the window), whatever the row order: rows may be non-contiguous in positi
 in place, or packed from many intervals. With positions ``n..n+T-1`` appended at the cursor it
 computes exactly what mlx-lm's own forward computes.
 
-The module's projections, norms and MLPs are called as they are (quantized or not); only
-positions, masking and the cache are ours. Arguments are validated before the cache is touched.
+``forward_hidden`` stops after any number of layers (shallow passes for repair allocators)
+and an optional ``probe(layer, probs)`` observes every layer's attention probabilities (which
+forces the explicit attention path). The module's projections, norms and MLPs are called as
+they are (quantized or not); only positions, masking and the cache are ours. Arguments are validated before the cache is touched.
 It does not sample, tokenize or know about splicing or repair.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import mlx.core as mx
@@ -28,6 +31,7 @@ from nexus_mlx.kv.rope import apply_rope
 from nexus_mlx.models.arch import LayerPlan, ModelPlan, model_plan
 
 TokenInput = Sequence[int] | np.ndarray | mx.array
+AttentionProbe = Callable[[int, mx.array], None]  # (layer index, probs (1, H, T, N))
 
 
 def make_cache(
@@ -81,12 +85,30 @@ def attention_mask(
     return mx.array(visible)
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What every layer of one forward call shares."""
+
+    positions: np.ndarray  # (T,) positions of the tokens being run
+    cache: NexusCache
+    write: WritePlan
+    masks: dict[int | None, mx.array | None]  # per sliding-window size
+    probe: AttentionProbe | None = None
+
+
 def _attend(
-    q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, layer: LayerPlan, v_layout: str
-) -> mx.array:
-    """Attention of ``q (1, H, T, D)`` over ``k (1, Hkv, N, D)`` and ``v`` in its layout."""
-    if layer.softcap is None and v_layout == "row":
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=layer.scale, mask=mask)
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    mask: mx.array | None,
+    layer: LayerPlan,
+    v_layout: str,
+    want_probs: bool = False,
+) -> tuple[mx.array, mx.array | None]:
+    """Attention of ``q (1, H, T, D)`` over ``k (1, Hkv, N, D)`` and ``v`` in its layout; also
+    the probabilities ``(1, H, T, N)`` when asked (which forces the explicit path)."""
+    if layer.softcap is None and v_layout == "row" and not want_probs:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=layer.scale, mask=mask), None
     _, n_heads, t, d = q.shape
     n_kv = k.shape[1]
     rep = n_heads // n_kv
@@ -99,18 +121,10 @@ def _attend(
     probs = mx.softmax(scores, axis=-1, precise=True)
     v_rows = v.swapaxes(-1, -2) if v_layout == "transposed" else v  # (1, Hkv, N, D)
     out = probs @ mx.expand_dims(v_rows, 2)  # (1, Hkv, rep, T, D)
-    return out.reshape(1, n_heads, t, d)
+    return out.reshape(1, n_heads, t, d), probs.reshape(1, n_heads, t, -1) if want_probs else None
 
 
-def attention_block(
-    model: nn.Module,
-    layer_index: int,
-    x: mx.array,
-    positions: np.ndarray,
-    cache: NexusCache,
-    write: WritePlan,
-    masks: dict[int | None, mx.array | None],
-) -> mx.array:
+def attention_block(model: nn.Module, layer_index: int, x: mx.array, step: StepContext) -> mx.array:
     """Self-attention of one layer on normed input ``x (1, T, hidden)``; writes K/V first."""
     plan = model_plan(model)
     layer = plan.layers[layer_index]
@@ -121,13 +135,16 @@ def attention_block(
     v = attn.v_proj(x).reshape(1, t, plan.n_kv_heads, -1)
     if layer.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q = apply_rope(q.transpose(0, 2, 1, 3), positions, layer.rope)  # (1, H, T, D)
-    k = apply_rope(k.transpose(0, 2, 1, 3), positions, layer.rope)  # (1, Hkv, T, D)
-    cache.write_layer(layer_index, write, k, v.transpose(0, 2, 1, 3))
-    out = _attend(
+    q = apply_rope(q.transpose(0, 2, 1, 3), step.positions, layer.rope)  # (1, H, T, D)
+    k = apply_rope(k.transpose(0, 2, 1, 3), step.positions, layer.rope)  # (1, Hkv, T, D)
+    cache = step.cache
+    cache.write_layer(layer_index, step.write, k, v.transpose(0, 2, 1, 3))
+    out, probs = _attend(
         q, cache.keys(layer_index), cache.stored_values(layer_index),
-        masks[layer.window], layer, cache.v_layout,
+        step.masks[layer.window], layer, cache.v_layout, want_probs=step.probe is not None,
     )
+    if step.probe is not None and probs is not None:
+        step.probe(layer_index, probs)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(1, t, -1))
 
 
@@ -138,19 +155,11 @@ def _residual(h: mx.array, r: mx.array) -> mx.array:
     return h + r
 
 
-def layer_forward(
-    model: nn.Module,
-    layer_index: int,
-    h: mx.array,
-    positions: np.ndarray,
-    cache: NexusCache,
-    write: WritePlan,
-    masks: dict[int | None, mx.array | None],
-) -> mx.array:
+def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepContext) -> mx.array:
     """One transformer block on hidden states ``h (1, T, hidden)``."""
     plan = model_plan(model)
     block = model.layers[layer_index]
-    r = attention_block(model, layer_index, block.input_layernorm(h), positions, cache, write, masks)
+    r = attention_block(model, layer_index, block.input_layernorm(h), step)
     if plan.sandwich_norms:
         h = _residual(h, block.post_attention_layernorm(r))
         r = block.mlp(block.pre_feedforward_layernorm(h))
@@ -195,19 +204,26 @@ def layer_masks(
     return {w: attention_mask(query_pos, key_pos, w) for w in {lp.window for lp in plan.layers}}
 
 
-def forward(
+def forward_hidden(
     model: nn.Module,
     tokens: TokenInput,
     cache: NexusCache,
     positions: Sequence[int] | np.ndarray | None = None,
     rows: Sequence[int] | np.ndarray | None = None,
     *,
-    logits: Literal["all", "last"] = "all",
+    num_layers: int | None = None,
+    probe: AttentionProbe | None = None,
 ) -> mx.array:
-    """Run ``tokens`` at ``positions`` (default: after the cache's last position), writing their
-    K/V into ``rows`` (default: appended at ``cache.n_past``). Returns logits ``(1, T, vocab)``
-    (or ``(1, 1, vocab)`` with ``logits="last"``). Lazy: the caller evaluates."""
+    """Like :func:`forward` but returns the hidden states ``(1, T, hidden)`` after the first
+    ``num_layers`` layers (default all; before the final norm). ``probe(layer, probs)`` receives
+    every layer's attention probabilities ``(1, H, T, N)`` over the live rows.
+
+    With ``num_layers`` below the model's depth only those layers' K/V are written although the
+    rows' positions and tokens are committed: run partial passes on a scratch ``fork()``."""
     plan = model_plan(model)
+    depth = plan.num_layers if num_layers is None else num_layers
+    if not 0 <= depth <= plan.num_layers:
+        raise PositionError(f"num_layers {num_layers} is outside [0, {plan.num_layers}]")
     toks = _as_token_array(tokens, plan.vocab_size)
     t = toks.shape[0]
     if positions is None:
@@ -217,10 +233,28 @@ def forward(
     _check_positions(plan, pos, t)
     write = cache.plan_write(rows, pos)
     cache.commit_positions(write, np.array(toks))
-    masks = layer_masks(plan, write.positions, cache.positions)
+    step = StepContext(write.positions, cache, write,
+                       layer_masks(plan, write.positions, cache.positions), probe)
     h = embed(model, toks)
-    for i in range(plan.num_layers):
-        h = layer_forward(model, i, h, write.positions, cache, write, masks)
+    for i in range(depth):
+        h = layer_forward(model, i, h, step)
+    return h
+
+
+def forward(
+    model: nn.Module,
+    tokens: TokenInput,
+    cache: NexusCache,
+    positions: Sequence[int] | np.ndarray | None = None,
+    rows: Sequence[int] | np.ndarray | None = None,
+    *,
+    logits: Literal["all", "last"] = "all",
+    probe: AttentionProbe | None = None,
+) -> mx.array:
+    """Run ``tokens`` at ``positions`` (default: after the cache's last position), writing their
+    K/V into ``rows`` (default: appended at ``cache.n_past``). Returns logits ``(1, T, vocab)``
+    (or ``(1, 1, vocab)`` with ``logits="last"``). Lazy: the caller evaluates."""
+    h = forward_hidden(model, tokens, cache, positions, rows, probe=probe)
     if logits == "last":
         h = h[:, -1:, :]
     return lm_head(model, h)
