@@ -1,0 +1,162 @@
+"""Repair core: exact budgets, edit operators against a fresh re-prefill, packed executor equal
+to the sequential reference, and the repair API's contract and rejections."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tiny_models import VOCAB, tiny_model
+
+from nexus_mlx.errors import CacheError, TokenError
+from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.repair import (
+    Edit,
+    budget_tokens,
+    dirty,
+    intervals,
+    refresh_packed,
+    refresh_sequential,
+    repair,
+    replay,
+    reprefill,
+    shift,
+)
+from nexus_mlx.repair.allocators import ALLOCATORS, AllocatorError, register
+from nexus_mlx.repair.budget import BudgetError
+
+TOL = 1e-4
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, 40)
+EDIT = Edit(10, 16)
+QUERY = [3, 4, 5]
+
+
+def _diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+@pytest.fixture(params=["llama", "gemma2", "gemma3"])
+def model(request):
+    return tiny_model(request.param)
+
+
+def _filled(model):
+    cache = make_cache(model)
+    forward(model, TOKENS, cache)
+    cache.evaluate()
+    return cache
+
+
+def _next_logits(model, cache):
+    return np.array(forward(model, QUERY, cache.copy())[0])
+
+
+@given(s=st.integers(0, 10_000), b=st.fractions(0, 100))
+def test_budget_is_exact(s, b):
+    got = budget_tokens(s, float(b))
+    assert got == min(s, math.ceil(s * Fraction(float(b)) / 100))
+
+
+def test_budget_examples_and_errors():
+    assert budget_tokens(1000, 2) == 20 and budget_tokens(1001, 2) == 21
+    assert budget_tokens(7, 0) == 0 and budget_tokens(7, 100) == 7
+    for bad in (-0.1, 100.5, float("nan"), "5"):
+        with pytest.raises(BudgetError):
+            budget_tokens(10, bad)
+
+
+def test_intervals():
+    assert intervals([1, 2, 3, 7, 9, 10]) == [(1, 4), (7, 8), (9, 11)]
+    assert intervals([]) == []
+
+
+def test_replay_equals_reprefill(model):
+    cache = _filled(model)
+    gold = reprefill(model, cache, EDIT)
+    replayed = replay(model, cache, EDIT)
+    assert np.array_equal(replayed.tokens, gold.tokens)
+    assert np.array_equal(replayed.positions, gold.positions)
+    for layer in range(gold.num_layers):
+        assert _diff(replayed.keys(layer), gold.keys(layer)) <= TOL
+        assert _diff(replayed.values(layer), gold.values(layer)) <= TOL
+    assert _diff(_next_logits(model, replayed), _next_logits(model, gold)) <= TOL
+
+
+def test_shift_and_dirty_differ_from_gold_but_are_well_formed(model):
+    cache = _filled(model)
+    shifted, untouched = shift(cache, EDIT), dirty(cache, EDIT)
+    assert np.array_equal(shifted.positions, np.arange(34))
+    assert untouched.n_past == 40 and np.array_equal(untouched.tokens, TOKENS)
+    gold = reprefill(model, cache, EDIT)
+    # the prefix never saw e: identical to the gold cache
+    for layer in range(gold.num_layers):
+        assert _diff(shifted.keys(layer)[:, :, :10], gold.keys(layer)[:, :, :10]) <= TOL
+
+
+@pytest.mark.parametrize("rows", [[16, 17, 18, 25, 30, 31, 33], [10], list(range(10, 34, 3))])
+def test_packed_equals_sequential(model, rows):
+    shifted = shift(_filled(model), EDIT)
+    a, b = shifted.copy(), shifted.copy()
+    refresh_packed(model, a, rows)
+    refresh_sequential(model, b, rows)
+    untouched = np.setdiff1d(np.arange(34), rows)
+    for layer in range(a.num_layers):
+        assert _diff(a.keys(layer), b.keys(layer)) <= TOL
+        assert _diff(a.values(layer), b.values(layer)) <= TOL
+        ka, ks = np.array(a.keys(layer)), np.array(shifted.keys(layer))
+        assert np.array_equal(ka[:, :, untouched], ks[:, :, untouched])  # bit-identical
+    assert _diff(_next_logits(model, a), _next_logits(model, b)) <= TOL
+
+
+def test_repair_api_contract():
+    model = tiny_model("llama")
+    cache = _filled(model)
+    before = np.array(cache.keys(1))
+    result = repair(model, cache, EDIT, QUERY, budget=25, allocator="legolink")
+    assert result.suffix_length == 24 and result.budget_tokens == 6
+    assert result.selected.tolist() == list(range(6))  # shallowest in their (single) chunk
+    assert result.rows.tolist() == list(range(10, 16)) and result.intervals == [(10, 16)]
+    assert set(result.timings) == {"shift", "selection", "refresh"}
+    assert np.array_equal(np.array(cache.keys(1)), before) and cache.n_past == 40  # untouched
+    full = repair(model, cache, EDIT, QUERY, budget=100, allocator="oracle")
+    gold = reprefill(model, cache, EDIT)
+    assert _diff(_next_logits(model, full.cache), _next_logits(model, gold)) <= TOL
+    repair(model, cache, EDIT, QUERY, budget=0, allocator="oracle", in_place=True)
+    assert cache.n_past == 34
+
+
+def test_oracle_picks_the_most_deviant_rows():
+    model = tiny_model("llama")
+    cache = _filled(model)
+    result = repair(model, cache, EDIT, QUERY, budget=20, allocator="oracle")
+    assert result.budget_tokens == 5 and result.selected.size == 5
+
+
+def test_bad_requests():
+    model = tiny_model("llama")
+    cache = _filled(model)
+    with pytest.raises(CacheError):
+        repair(model, cache, Edit(30, 50), QUERY)
+    with pytest.raises(CacheError):
+        repair(model, cache, Edit(5, 5), QUERY)
+    with pytest.raises(BudgetError):
+        repair(model, cache, EDIT, QUERY, budget=120, allocator="legolink")
+    with pytest.raises(TokenError):
+        repair(model, cache, EDIT, [], allocator="legolink")
+    with pytest.raises(AllocatorError, match="unknown allocator"):
+        repair(model, cache, EDIT, QUERY, allocator="nope")
+    with pytest.raises(CacheError, match="executor"):
+        repair(model, cache, EDIT, QUERY, allocator="legolink", executor="turbo")
+    assert cache.n_past == 40
+
+
+def test_contract_breaking_allocator_is_caught():
+    if "test_greedy_bad" not in ALLOCATORS:
+        register("test_greedy_bad")(lambda req: np.arange(req.budget + 1))
+    model = tiny_model("llama")
+    with pytest.raises(AllocatorError, match="returned 4 positions for budget 3"):
+        repair(model, _filled(model), EDIT, QUERY, budget=10, allocator="test_greedy_bad")
