@@ -4,7 +4,8 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())``
 1. validates the block against the running model (fingerprint and every layer's RoPE spec) and
    the write against the cache, before touching anything;
 2. writes the block's K/V into rows ``n_past .. n_past+S-1`` at positions ``at .. at+S-1``
-   (default ``at`` = the cache's next position), every key re-rotated by ``delta = at - m0``;
+   (default ``at`` = the cache's next position), every key re-rotated by ``delta = at - m0``
+   (by the back-end's re-anchor kernel when there is one, ``nexus_mlx.kernels``);
 3. re-decodes the trailing ``curve.tokens(S, n_past)`` block tokens through all layers (they see
    the live context and the spliced rows before them), unless the splice is *anchored*
    (``at == m0`` right after exactly the block's compile-time context), which is output-exact.
@@ -28,8 +29,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx.kernels.reanchor_write import reanchored_rows
+from nexus_mlx.kernels.splice_v_transposed import decline_reason
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.kv.rope import reanchor
 from nexus_mlx.models.forward import forward
 from nexus_mlx.splice.atb import CompiledBlock, validate_block
 from nexus_mlx.splice.curve import Curve
@@ -49,13 +51,6 @@ class SpliceResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def transposed_copy_is_safe() -> bool:
-    """Whether this back-end can do the strided transposed V copy in place: yes on CPU and on
-    unified-memory Metal; no on discrete CUDA devices, where it degenerates into a pathological
-    uncoalesced scatter (the splice then falls back to a text prefill)."""
-    return not (hasattr(mx, "cuda") and mx.cuda.is_available())
-
-
 def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
     """True when the block lands where it was compiled, right after its compile-time context."""
     context = np.asarray(block.header.context, dtype=np.int64)
@@ -67,10 +62,10 @@ def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
     )
 
 
-def _write_block(cache: NexusCache, block: CompiledBlock, at: int) -> None:
+def _write_block(cache: NexusCache, block: CompiledBlock, at: int, use_kernel: bool) -> None:
     delta = at - block.m0
     keys = [
-        reanchor(block.keys(i).astype(cache.dtype), delta, spec)
+        reanchored_rows(block.keys(i), delta, spec, cache.dtype, use_kernel=use_kernel)
         for i, spec in enumerate(cache.rope_specs)
     ]
     values = [block.values(i) for i in range(cache.num_layers)]
@@ -85,6 +80,7 @@ def splice(
     *,
     at: int | None = None,
     curve: Curve | None = Curve(),  # noqa: B008  (frozen, immutable default)
+    use_kernel: bool = True,
 ) -> SpliceResult:
     """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
     timings: dict[str, float] = {}
@@ -98,18 +94,19 @@ def splice(
     rows = (n_past, n_past + s)
     base = SpliceResult("bare", at, rows, at - block.m0, 0.0, 0)
 
-    if cache.v_layout == "transposed" and not transposed_copy_is_safe():
+    declined = decline_reason() if cache.v_layout == "transposed" else None
+    if declined is not None:
         t0 = time.perf_counter()
         mx.eval(forward(model, list(block.tokens), cache, positions=positions, logits="last"))
         timings["prefill"] = time.perf_counter() - t0
         base.path, base.recomputed, base.r_pct = "declined", s, 100.0
-        base.reason = "transposed-V copy is unsafe on this back-end; prefilled the text instead"
+        base.reason = declined
         base.timings = timings
         return base
 
     anchored = is_anchored(cache, block, at)
     t0 = time.perf_counter()
-    _write_block(cache, block, at)
+    _write_block(cache, block, at, use_kernel)
     timings["copy"] = time.perf_counter() - t0
     if anchored:
         base.path = "anchored"
