@@ -1,0 +1,484 @@
+"""Live MCP servers over stdio, through the official ``mcp`` SDK, with a synchronous facade.
+
+Contract: :class:`McpServer` (synchronous; the agent turn is synchronous) starts the server
+command of a :class:`ServerSpec` as a child process, speaks MCP to it over stdin/stdout with the
+SDK's ``stdio_client`` + ``ClientSession`` on a private event loop running in a background thread,
+and offers ``list_tools() -> ToolRegistry`` and ``call_tool(name, arguments) -> ToolCallResult``.
+:class:`AsyncMcpServer` is the same thing for ``async`` callers (one event loop, no thread).
+
+Every wait is bounded:
+- start (spawn + ``initialize``) within ``spec.start_timeout`` seconds, every request (``tools/list``
+  pages, ``tools/call``) within ``spec.call_timeout`` (or the call's ``timeout``); running out raises
+  :class:`McpTimeoutError`;
+- a command that does not exist, a server that exits or closes its stdout (before or during a
+  request), or a protocol error raises :class:`McpServerError` naming the server, the request and
+  the tail of the server's stderr, at the latest when the timeout runs out; never a hang;
+- ``close()`` (also the context managers' exit) follows the SDK's shutdown: close stdin, wait 2 s,
+  SIGTERM the process group, SIGKILL after 2 s, and reap it; no zombie processes are left.
+A tool that fails is not an exception: its result has ``is_error=True`` (MCP's own rule, so a model
+can read the error and retry). After the server has died every call raises :class:`McpServerError`.
+
+Tools are listed into a :class:`~nexus_mlx.agent.registry.ToolRegistry` under ``spec.namespace``
+(if set); ``call_tool`` accepts the plain or the namespaced name. A listed tool that breaks the
+``Tool`` rules raises :class:`McpServerError` naming it. This module does not route, retry,
+restart servers, or validate arguments against the schema (the server does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, fields
+from typing import IO, Any
+
+import anyio
+
+from nexus_mlx.agent.registry import ToolRegistry
+from nexus_mlx.agent.tools import (
+    NAMESPACE_SEP,
+    Tool,
+    ToolSchemaError,
+    check_json_data,
+    check_namespace,
+)
+from nexus_mlx.errors import NexusError
+
+try:
+    from mcp import ClientSession, StdioServerParameters, stdio_client, types
+    from mcp.shared.exceptions import MCPError
+except ImportError as exc:  # pragma: no cover  (exercised only without the dependency)
+    raise ModuleNotFoundError(
+        "nexus_mlx.agent.mcp_server needs the official MCP SDK: pip install 'mcp>=2.3,<3'"
+    ) from exc
+
+_GRACE_S = 10.0  # extra wait of the synchronous side beyond the async timeouts (covers shutdown)
+_STDERR_TAIL = 400
+_MAX_PAGES = 1000
+
+
+class McpServerError(NexusError, RuntimeError):
+    """An MCP server failed to start, died, broke the protocol or refused a request."""
+
+
+class McpTimeoutError(McpServerError, TimeoutError):
+    """An MCP server did not start or answer within its timeout."""
+
+
+def _check_timeout(name: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise McpServerError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _env_pairs(env: Any) -> tuple[tuple[str, str], ...]:
+    """Extra environment variables as sorted ``(name, value)`` string pairs."""
+    items = env.items() if isinstance(env, Mapping) else (env or ())
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise McpServerError(f"server env must map names to values, got {env!r}") from None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+        raise McpServerError(f"server env names and values must be strings, got {env!r}")
+    return tuple(sorted(pairs))
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one stdio MCP server (the fields of an ``mcpServers`` config entry)."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] | Sequence[tuple[str, str]] = ()
+    cwd: str | None = None
+    namespace: str | None = None
+    start_timeout: float = 30.0
+    call_timeout: float = 60.0
+    label: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.command, str) or not self.command:
+            raise McpServerError(f"server command must be a non-empty string, got {self.command!r}")
+        if isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args):
+            raise McpServerError(f"server args must be a sequence of strings, got {self.args!r}")
+        pairs = _env_pairs(self.env)
+        if self.namespace is not None:
+            check_namespace(self.namespace)
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", pairs)
+        object.__setattr__(
+            self, "start_timeout", _check_timeout("start_timeout", self.start_timeout)
+        )
+        object.__setattr__(self, "call_timeout", _check_timeout("call_timeout", self.call_timeout))
+        object.__setattr__(self, "label", self.namespace or os.path.basename(self.command))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerSpec:
+        """Build a spec from a dict (``command``, ``args``, ``env``, ...); unknown keys are ignored."""
+        known = {f.name for f in fields(cls) if f.init}
+        values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("args"), list):
+            values["args"] = tuple(values["args"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ToolCallResult:
+    """A ``tools/call`` result: its text blocks joined by newlines, the error flag, structured data.
+
+    Non-text blocks appear in ``text`` as ``[image image/png]``-style placeholders.
+    """
+
+    text: str
+    is_error: bool = False
+    structured: Any = None
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first innermost exception of (nested) exception groups, cancellations last."""
+    while getattr(exc, "exceptions", None):
+        group: Sequence[BaseException] = exc.exceptions  # type: ignore[attr-defined]
+        real = [e for e in group if not isinstance(e, asyncio.CancelledError)]
+        exc = (real or list(group))[0]
+    return exc
+
+
+def _tool_from_mcp(tool: types.Tool, namespace: str | None) -> Tool:
+    annotations = (
+        tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if tool.annotations
+        else {}
+    )
+    return Tool(tool.name, tool.description or "", dict(tool.input_schema), annotations, namespace)
+
+
+def _block_text(block: Any) -> str:
+    if isinstance(block, types.TextContent):
+        return block.text
+    text = (
+        getattr(block.resource, "text", None) if isinstance(block, types.EmbeddedResource) else None
+    )
+    if isinstance(text, str):
+        return text
+    mime = getattr(block, "mime_type", None) or getattr(block, "uri", None) or ""
+    return f"[{block.type} {mime}]".replace(" ]", "]")
+
+
+def _result(result: types.CallToolResult) -> ToolCallResult:
+    text = "\n".join(_block_text(b) for b in result.content)
+    return ToolCallResult(
+        text=text, is_error=bool(result.is_error), structured=result.structured_content
+    )
+
+
+class AsyncMcpServer:
+    """One live stdio MCP server for ``async`` code: ``async with AsyncMcpServer(spec) as s: ...``."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.server_info: dict[str, Any] = {}
+        self._stack: AsyncExitStack | None = None
+        self._session: ClientSession | None = None
+        self._errlog: IO[str] | None = None
+
+    def _stderr_tail(self) -> str:
+        """The end of what the server wrote to stderr (read with pread: the child shares the
+        file offset, so seeking could make it overwrite its own log)."""
+        if self._errlog is None or self._errlog.closed:
+            return ""
+        try:
+            fd = self._errlog.fileno()
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, 4 * _STDERR_TAIL, max(0, size - 4 * _STDERR_TAIL))
+        except (OSError, ValueError, AttributeError):  # AttributeError: no pread (Windows)
+            return ""
+        tail = " ".join(raw.decode("utf-8", errors="replace").split())[-_STDERR_TAIL:]
+        return f"; stderr: ...{tail}" if tail else ""
+
+    def _error(self, exc: BaseException, during: str, timeout: float) -> McpServerError:
+        """Translate an SDK/OS failure into our error, naming server, request and stderr."""
+        leaf = _leaf(exc)
+        where = f"MCP server {self.spec.label!r} ({self.spec.command})"
+        if isinstance(leaf, McpServerError):
+            return leaf
+        if isinstance(leaf, TimeoutError) or (
+            isinstance(leaf, MCPError) and leaf.code == types.REQUEST_TIMEOUT
+        ):
+            return McpTimeoutError(f"{where} did not answer {during} within {timeout:g} s")
+        if isinstance(leaf, FileNotFoundError):
+            return McpServerError(f"cannot start {where}: command {self.spec.command!r} not found")
+        if isinstance(leaf, MCPError) and leaf.code == types.CONNECTION_CLOSED:
+            return McpServerError(
+                f"{where} closed the connection during {during}{self._stderr_tail()}"
+            )
+        if isinstance(leaf, MCPError):
+            return McpServerError(f"{where} refused {during}: {leaf.message} (code {leaf.code})")
+        detail = f"{type(leaf).__name__}: {leaf}"
+        return McpServerError(f"{where} failed during {during}: {detail}{self._stderr_tail()}")
+
+    async def __aenter__(self) -> AsyncMcpServer:
+        params = StdioServerParameters(
+            command=self.spec.command,
+            args=list(self.spec.args),
+            env=dict(self.spec.env) or None,
+            cwd=self.spec.cwd,
+        )
+        stack = AsyncExitStack()
+        try:
+            self._errlog = stack.enter_context(
+                tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+            )
+            # Spawning does not wait on the server; only the handshake needs the timeout (a cancel
+            # scope around entering the SDK's task groups would be exited out of order).
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=self._errlog))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            with anyio.fail_after(self.spec.start_timeout):
+                init = await session.initialize()
+        except BaseException as exc:
+            error = self._error(exc, "initialize", self.spec.start_timeout)
+            await self._close_stack(stack)
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+                raise
+            raise error from exc
+        self.server_info = init.server_info.model_dump(mode="json", exclude_none=True)
+        self._stack, self._session = stack, session
+        return self
+
+    @staticmethod
+    async def _close_stack(stack: AsyncExitStack) -> None:
+        try:
+            await stack.aclose()
+        except Exception:  # the server is being torn down; its own errors were reported already
+            pass
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Shut the server down (idempotent); see the module docstring for the sequence."""
+        stack, self._stack, self._session = self._stack, None, None
+        if stack is not None:
+            await self._close_stack(stack)
+
+    def _live_session(self) -> ClientSession:
+        if self._session is None:
+            raise McpServerError(f"MCP server {self.spec.label!r} is not running")
+        return self._session
+
+    async def list_tools(self) -> ToolRegistry:
+        """``tools/list`` (all pages) as a registry under ``spec.namespace``."""
+        session = self._live_session()
+        listed: list[types.Tool] = []
+        cursor: str | None = None
+        for _ in range(_MAX_PAGES):
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await self._request(
+                session.list_tools(params=params), "tools/list", self.spec.call_timeout
+            )
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        try:
+            return ToolRegistry(_tool_from_mcp(t, self.spec.namespace) for t in listed)
+        except (ToolSchemaError, ValueError) as exc:
+            raise McpServerError(
+                f"MCP server {self.spec.label!r} listed an invalid tool: {exc}"
+            ) from exc
+
+    def plain_name(self, name: str) -> str:
+        """``name`` without this server's namespace prefix (if it carries it)."""
+        prefix = f"{self.spec.namespace}{NAMESPACE_SEP}" if self.spec.namespace else None
+        return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> ToolCallResult:
+        """``tools/call`` with a bounded wait; see the module docstring for errors."""
+        session = self._live_session()
+        limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
+        if not isinstance(name, str) or not name:
+            raise McpServerError(f"tool name must be a non-empty string, got {name!r}")
+        args = dict(arguments or {})
+        check_json_data(args, f"arguments of tool {name!r}")
+        plain = self.plain_name(name)
+        request = session.call_tool(plain, args, read_timeout_seconds=limit)
+        return _result(await self._request(request, f"tools/call {plain!r}", limit))
+
+    async def _request(self, awaitable: Any, during: str, timeout: float) -> Any:
+        # The SDK's per-request timeout cancels the request on the server; fail_after is a backstop.
+        try:
+            with anyio.fail_after(timeout + 1.0):
+                return await awaitable
+        except Exception as exc:
+            raise self._error(exc, during, timeout) from exc
+
+
+class McpServer:
+    """A live stdio MCP server for synchronous code (see the module docstring).
+
+    ``with McpServer(spec) as server: server.call_tool("get_current_time", {"timezone": "UTC"})``.
+    The server runs on a private event loop in a daemon thread; calls may come from any thread.
+    """
+
+    def __init__(self, spec: ServerSpec) -> None:
+        if not isinstance(spec, ServerSpec):
+            raise McpServerError(f"McpServer needs a ServerSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._owner: concurrent.futures.Future[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._server: AsyncMcpServer | None = None
+        self._tools: ToolRegistry | None = None
+
+    def __enter__(self) -> McpServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The server's ``serverInfo`` (name, version, ...) from ``initialize``."""
+        return dict(self._server.server_info) if self._server is not None else {}
+
+    def start(self) -> McpServer:
+        """Start the server and initialize the session; raises if it cannot within the timeout."""
+        with self._lock:
+            if self._loop is not None:
+                raise McpServerError(f"MCP server {self.spec.label!r} is already started")
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name=f"mcp-{self.spec.label}", daemon=True
+            )
+            thread.start()
+            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._loop, self._thread = loop, thread
+            self._owner = asyncio.run_coroutine_threadsafe(self._own(ready), loop)
+        try:
+            ready.result(timeout=self.spec.start_timeout + _GRACE_S)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, concurrent.futures.TimeoutError) and not isinstance(
+                exc, McpServerError
+            ):
+                raise McpTimeoutError(
+                    f"MCP server {self.spec.label!r} did not start within {self.spec.start_timeout:g} s"
+                ) from None
+            raise
+        return self
+
+    async def _own(self, ready: concurrent.futures.Future[None]) -> None:
+        """The task that owns the server's async context for its whole life."""
+        self._stop = asyncio.Event()
+        try:
+            async with AsyncMcpServer(self.spec) as server:
+                self._server = server
+                ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(
+                    exc if isinstance(exc, Exception) else McpServerError(repr(exc))
+                )
+            raise
+        finally:
+            self._server = None
+
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, AsyncMcpServer]:
+        loop, owner, server = self._loop, self._owner, self._server
+        if loop is None or owner is None or server is None or owner.done():
+            raise McpServerError(
+                f"MCP server {self.spec.label!r} is not running (never started, closed or died)"
+            )
+        return loop, server
+
+    def _wait(self, coroutine: Any, during: str, timeout: float) -> Any:
+        loop, _ = self._running()
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        try:
+            return future.result(timeout=timeout + _GRACE_S)
+        except McpServerError:
+            raise
+        except concurrent.futures.TimeoutError:  # (the builtin TimeoutError since Python 3.11)
+            future.cancel()
+            raise McpTimeoutError(
+                f"MCP server {self.spec.label!r}: {during} hung past {timeout:g} s"
+            ) from None
+        except concurrent.futures.CancelledError:
+            raise McpServerError(
+                f"MCP server {self.spec.label!r} was closed during {during}"
+            ) from None
+
+    def list_tools(self) -> ToolRegistry:
+        """``tools/list`` as a registry (fresh from the server; also cached as :attr:`tools`)."""
+        _, server = self._running()
+        self._tools = self._wait(server.list_tools(), "tools/list", self.spec.call_timeout)
+        return self._tools
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The registry of the last ``list_tools()`` (listed on first access)."""
+        return self._tools if self._tools is not None else self.list_tools()
+
+    def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> ToolCallResult:
+        """Call a tool (plain or namespaced name) and wait at most ``timeout`` (or ``call_timeout``)."""
+        _, server = self._running()
+        limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
+        return self._wait(
+            server.call_tool(name, arguments, timeout=limit), f"tools/call {name!r}", limit
+        )
+
+    def close(self) -> None:
+        """Shut the server down and stop the loop thread (idempotent, bounded)."""
+        with self._lock:
+            loop, thread, owner, stop = self._loop, self._thread, self._owner, self._stop
+            self._loop = self._thread = self._owner = None
+        if loop is None or thread is None:
+            return
+        if owner is not None and not owner.done():
+            if stop is not None:
+                loop.call_soon_threadsafe(stop.set)
+            try:
+                owner.result(timeout=_GRACE_S)
+            except concurrent.futures.TimeoutError:
+                owner.cancel()
+            except BaseException:  # a failed start or a dead server: already reported
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=_GRACE_S)
+        if not thread.is_alive():
+            loop.close()
+
+
+def list_server_tools(spec: ServerSpec) -> ToolRegistry:
+    """Start a server, list its tools, shut it down: the registry loader for live servers."""
+    with McpServer(spec) as server:
+        return server.list_tools()
+
+
+def start_servers(specs: Sequence[ServerSpec]) -> list[McpServer]:
+    """Start several servers (all or none: a failure closes those already started)."""
+    started: list[McpServer] = []
+    try:
+        for spec in specs:
+            started.append(McpServer(spec).start())
+    except BaseException:
+        for server in reversed(started):
+            server.close()
+        raise
+    return started
