@@ -93,7 +93,7 @@ def top_k_positions(scores: np.ndarray, k: int) -> np.ndarray:
     return np.sort(order[:k])
 
 
-_BUILTIN_MODULES = ("positional", "oracle")
+_BUILTIN_MODULES = ("positional", "oracle", "kv_based", "attention_based", "semantic")
 
 
 def _load_builtin() -> None:

@@ -1,0 +1,185 @@
+"""Text-structured allocators of paper 2: SUR and four controls on the same relevance and units.
+
+Every allocator here returns exactly ``request.budget`` sorted distinct suffix indices for any
+budget in ``[0, S]``. Those that need units or text read ``request.tokenizer`` (an
+:class:`AllocatorError` if it is None). Relevance ``r`` is :func:`token_relevance` of the suffix
+against ``request.query_tokens``; units are :func:`units_from_text` of the decoded suffix.
+
+- ``sur`` (Semantic-Unit Refresh): unit score = mean of its top-4 ``r`` (all of them if fewer);
+  units ranked by score (earlier wins ties) and admitted whole while they fit; the remainder
+  ``w`` goes to the width-``w`` window of the next ranked unit maximising the sum of the
+  forward-decay envelope ``u_t = max(exp(r_t - r_max), exp(-1/16) u_{t-1})``, ``u_0 = 0``, over
+  that unit (``r_max`` its largest ``r``; the argmax does not depend on it). Earliest window wins ties.
+- ``dense_tokens``: the ``B`` tokens of highest ``r`` (earlier wins ties).
+- ``single_window``: the contiguous width-``B`` window of highest total ``r`` (earliest wins ties).
+- ``bm25_units``: units ranked by BM25 against the query (k1 = 1.2, b = 0.75; terms: maximal
+  ASCII-alphanumeric runs, lowercased; document length in terms; idf
+  ``ln(1 + (N - df + 0.5) / (df + 0.5))``; each distinct query term counted once), admitted
+  whole while they fit, the remainder filled with the *prefix* of the next ranked unit.
+- ``random_units``: units in the order of ``default_rng(request.seed).permutation(U)``, the same
+  admit / prefix-fill rule.
+
+It does not compute anything through the model's layers and does not modify either cache.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from nexus_mlx.models.token_text import token_char_spans
+from nexus_mlx.repair.allocators import (
+    AllocationRequest,
+    AllocatorError,
+    register,
+    top_k_positions,
+)
+from nexus_mlx.repair.relevance import token_relevance
+from nexus_mlx.repair.units import Units, units_from_text
+
+TOP_TOKENS = 4
+DECAY = math.exp(-1 / 16)
+BM25_K1 = 1.2
+BM25_B = 0.75
+_TERM = re.compile(r"[A-Za-z0-9]+")
+
+Fill = Callable[[int, int], int]  # (unit index, width) -> offset of the window inside the unit
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def _text_units(request: AllocationRequest, name: str) -> tuple[str, np.ndarray, Units]:
+    if request.tokenizer is None:
+        raise AllocatorError(f"allocator {name!r} reads the suffix text: pass tokenizer=... to repair()")
+    text, spans = token_char_spans(request.tokenizer, request.suffix_tokens)
+    return text, spans, units_from_text(text, spans)
+
+
+def _relevance(request: AllocationRequest) -> np.ndarray:
+    return token_relevance(request.model, request.suffix_tokens, request.query_tokens)
+
+
+def rank(scores: np.ndarray) -> np.ndarray:
+    """Indices by descending score, earlier index first among equals."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.lexsort((np.arange(scores.size), -scores))
+
+
+def best_window(values: np.ndarray, width: int) -> int:
+    """Start of the width-``width`` window of ``values`` with the largest sum (earliest on ties)."""
+    if not 0 < width <= values.size:
+        raise ValueError(f"window width {width} must be in [1, {values.size}]")
+    sums = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])  # (n + 1,)
+    return int(np.argmax(sums[width:] - sums[:-width]))
+
+
+def decay_envelope(r: np.ndarray, decay: float = DECAY) -> np.ndarray:
+    """``u_t = max(exp(r_t - max r), decay * u_{t-1})`` with ``u_0 = 0``, ``(n,)``."""
+    peaks = np.exp(np.asarray(r, dtype=np.float64) - np.max(r))
+    u = np.empty_like(peaks)
+    previous = 0.0
+    for t, peak in enumerate(peaks):
+        previous = max(peak, decay * previous)
+        u[t] = previous
+    return u
+
+
+def admit_units(units: Units, order: np.ndarray, budget: int, fill: Fill) -> np.ndarray:
+    """Whole units in ``order`` while they fit, then ``fill``'s window of the next for the rest."""
+    picked: list[np.ndarray] = []
+    left = budget
+    for u in order:
+        if left == 0:
+            break
+        a, b = units.ranges[u]
+        width = min(b - a, left)
+        offset = 0 if width == b - a else fill(int(u), width)
+        picked.append(np.arange(a + offset, a + offset + width))
+        left -= width
+        if width < b - a:
+            break
+    out = np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+    assert out.size == budget, f"admitted {out.size} positions for budget {budget}"
+    return out
+
+
+def _prefix(_unit: int, _width: int) -> int:
+    return 0
+
+
+def unit_scores(r: np.ndarray, units: Units, top: int = TOP_TOKENS) -> np.ndarray:
+    """Mean of each unit's ``top`` highest token scores, ``(U,)``."""
+    return np.array([np.sort(r[a:b])[-top:].mean() for a, b in units.ranges], dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- BM25
+
+
+def terms(text: str) -> list[str]:
+    """Maximal ASCII-alphanumeric runs of ``text``, lowercased."""
+    return [t.lower() for t in _TERM.findall(text)]
+
+
+def bm25(docs: list[list[str]], query: list[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
+    """BM25 of each document (a list of terms) against the distinct query terms, ``(N,)``."""
+    n = len(docs)
+    lengths = np.array([len(d) for d in docs], dtype=np.float64)  # (N,)
+    scores = np.zeros(n, dtype=np.float64)
+    if n == 0 or lengths.sum() == 0:
+        return scores
+    norm = k1 * (1 - b + b * lengths / lengths.mean())  # (N,)
+    counts = [Counter(d) for d in docs]
+    for term in sorted(set(query)):
+        tf = np.array([c[term] for c in counts], dtype=np.float64)  # (N,)
+        df = int(np.count_nonzero(tf))
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        scores += idf * tf * (k1 + 1) / (tf + norm)
+    return scores
+
+
+# ----------------------------------------------------------------------------- allocators
+
+
+@register("sur")
+def sur(request: AllocationRequest) -> np.ndarray:
+    _, _, units = _text_units(request, "sur")
+    r = _relevance(request)
+
+    def window(u: int, width: int) -> int:
+        a, b = units.ranges[u]
+        return best_window(decay_envelope(r[a:b]), width)
+
+    return admit_units(units, rank(unit_scores(r, units)), request.budget, window)
+
+
+@register("dense_tokens")
+def dense_tokens(request: AllocationRequest) -> np.ndarray:
+    return top_k_positions(_relevance(request), request.budget)
+
+
+@register("single_window")
+def single_window(request: AllocationRequest) -> np.ndarray:
+    if request.budget == 0:
+        return np.zeros(0, np.int64)
+    start = best_window(_relevance(request), request.budget)
+    return np.arange(start, start + request.budget)
+
+
+@register("bm25_units")
+def bm25_units(request: AllocationRequest) -> np.ndarray:
+    text, spans, units = _text_units(request, "bm25_units")
+    docs = [terms(text[spans[a, 0] : spans[b - 1, 1]]) for a, b in units.ranges]
+    query_text, _ = token_char_spans(request.tokenizer, request.query_tokens)
+    return admit_units(units, rank(bm25(docs, terms(query_text))), request.budget, _prefix)
+
+
+@register("random_units")
+def random_units(request: AllocationRequest) -> np.ndarray:
+    _, _, units = _text_units(request, "random_units")
+    order = np.random.default_rng(request.seed).permutation(len(units))
+    return admit_units(units, order, request.budget, _prefix)

@@ -1,0 +1,289 @@
+"""SUR and its four controls: exact budgets for every budget and suffix, whole-unit admission,
+query preference, BM25 against hand-computed values, relevance, and end-to-end repair.
+A tiny random-weight model whose vocabulary is the real default tokenizer's."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nexus_mlx.errors import TokenError
+from nexus_mlx.models.build import model_classes
+from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.gguf_format import parse_gguf
+from nexus_mlx.models.gguf_tokenizer import build_tokenizer
+from nexus_mlx.models.packages import resolve_package_spec
+from nexus_mlx.models.token_text import token_char_spans
+from nexus_mlx.repair import Edit, budget_tokens, repair, shift
+from nexus_mlx.repair.allocators import (
+    AllocationRequest,
+    AllocatorError,
+    checked_selection,
+    get_allocator,
+    top_k_positions,
+)
+from nexus_mlx.repair.allocators.semantic import (
+    best_window,
+    bm25,
+    decay_envelope,
+    rank,
+    terms,
+    unit_scores,
+)
+from nexus_mlx.repair.relevance import embedding_rows, token_relevance
+from nexus_mlx.repair.units import units_from_text
+
+NAMES = ("sur", "dense_tokens", "single_window", "bm25_units", "random_units")
+TEXT_ALLOCATORS = ("sur", "bm25_units", "random_units")
+PARTS = [
+    "A sentence about rivers. ", "Another one about mountains!\n", "\n\n", "<|im_start|>user\n",
+    "<|im_end|>\n", "```python\nx = 1\n```\n", '{"k": [1, 2], "v": "s, t"}\n', "- item\n",
+    "# Title\n", "日本語。", "😀 ", "word " * 30, "The vault key is under the blue mat. ",
+]
+DOC = (
+    "<|im_start|>user\nPlease read the notes below and keep them in mind.<|im_end|>\n"
+    "<|im_start|>assistant\nSure. Here are the notes from the trip:\n"
+    "- We left early on Monday morning.\n- It rained for most of the afternoon.\n\n"
+    "The hotel was near the station. Breakfast was served at seven every day.\n\n"
+    "```python\ndef total(xs):\n    return sum(xs)\n```\n"
+    "The vault key is under the blue mat. Nobody else knows about it.\n"
+    '{"city": "Lyon", "nights": 3, "rating": [4, 5, 4]}\n'
+    "We came back on Thursday, tired but happy.<|im_end|>\n"
+)
+QUERY = "Where is the vault key?"
+
+
+@pytest.fixture(scope="module")
+def smol():
+    path = resolve_package_spec("default")
+    return build_tokenizer(parse_gguf(path).metadata, path)
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = {
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 49152, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "tie_word_embeddings": True,
+    }
+    model_cls, args_cls = model_classes(config)
+    mx.random.seed(0)
+    m = model_cls(args_cls.from_dict(config))
+    mx.eval(m.parameters())
+    m.eval()
+    return m
+
+
+def filled(model, ids):
+    cache = make_cache(model)
+    forward(model, np.asarray(ids), cache, logits="last")
+    cache.evaluate()
+    return cache
+
+
+def request(model, tok, text, p0, p1, budget_pct, query=QUERY, seed=0):
+    ids = tok.encode(text, add_special_tokens=False)
+    cache = filled(model, ids)
+    edit = Edit(p0, p1)
+    shifted = shift(cache, edit)
+    q = np.array(tok.encode(query, add_special_tokens=False))
+    b = budget_tokens(shifted.n_past - p0, budget_pct)
+    return AllocationRequest(model, cache, shifted, edit, q, b, tok, seed)
+
+
+def with_budget(req, b):
+    return AllocationRequest(req.model, req.dirty, req.shifted, req.edit, req.query_tokens, b,
+                             req.tokenizer, req.seed, req.options)
+
+
+def units_of(req):
+    return units_from_text(*token_char_spans(req.tokenizer, req.suffix_tokens))
+
+
+# ----------------------------------------------------------------------------- exact budgets
+
+
+def test_every_budget_is_exact(model, smol):
+    req = request(model, smol, DOC, 2, 12, 0)
+    s = req.suffix_length
+    for name in NAMES:
+        allocate = get_allocator(name)
+        for b in range(s + 1):
+            checked_selection(allocate(with_budget(req, b)), s, b, name)
+
+
+@settings(max_examples=20, deadline=None)
+@given(parts=st.lists(st.sampled_from(PARTS), min_size=1, max_size=12),
+       edit=st.tuples(st.integers(0, 400), st.integers(1, 40)),
+       pct=st.floats(0, 100), seed=st.integers(0, 2**31))
+def test_exact_budget_any_suffix(model, smol, parts, edit, pct, seed):
+    ids = smol.encode("".join(parts), add_special_tokens=False)
+    if len(ids) < 2:
+        return
+    p0 = edit[0] % (len(ids) - 1)
+    p1 = min(len(ids), p0 + edit[1])
+    req = request(model, smol, "".join(parts), p0, p1, pct, seed=seed)
+    for name in NAMES:
+        got = checked_selection(get_allocator(name)(req), req.suffix_length, req.budget, name)
+        assert got.size == req.budget
+
+
+# ----------------------------------------------------------------------------- SUR
+
+
+def is_whole_units_plus_one_window(selection, units) -> bool:
+    chosen = set(selection.tolist())
+    partial = 0
+    for a, b in units:
+        inside = [t for t in range(a, b) if t in chosen]
+        if 0 < len(inside) < b - a:
+            partial += 1
+            if inside != list(range(inside[0], inside[0] + len(inside))):
+                return False
+    return partial <= 1
+
+
+def test_sur_admits_whole_units_and_prefers_the_query_unit(model, smol):
+    req = request(model, smol, DOC, 2, 12, 0)
+    units = units_of(req)
+    pieces = [smol.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
+    target = next(k for k, p in enumerate(pieces) if "vault key" in p)
+    r = token_relevance(model, req.suffix_tokens, req.query_tokens)
+    assert rank(unit_scores(r, units))[0] == target
+    a, b = units.ranges[target]
+    sur = get_allocator("sur")
+    assert sur(with_budget(req, b - a)).tolist() == list(range(a, b))
+    inside = sur(with_budget(req, 3))  # smaller than the unit: a window inside it
+    assert a <= inside[0] and inside[-1] < b and np.all(np.diff(inside) == 1)
+    for budget in range(0, req.suffix_length + 1, 7):
+        assert is_whole_units_plus_one_window(sur(with_budget(req, budget)), units)
+
+
+def test_sur_window_follows_the_decay_envelope(model, smol):
+    req = request(model, smol, DOC, 2, 12, 0)
+    units = units_of(req)
+    r = token_relevance(model, req.suffix_tokens, req.query_tokens)
+    order = rank(unit_scores(r, units))
+    first = units.ranges[order[0]]
+    a, b = units.ranges[order[1]]
+    w = 4
+    got = get_allocator("sur")(with_budget(req, first[1] - first[0] + w))
+    start = a + best_window(decay_envelope(r[a:b]), w)
+    assert got.tolist() == sorted([*range(*first), *range(start, start + w)])
+
+
+def test_envelope_and_window_by_hand():
+    u = decay_envelope(np.array([1.0, 0.0, 0.0, 1.0]))
+    d = math.exp(-1 / 16)
+    assert np.allclose(u, [1.0, d, d * d, 1.0])
+    assert np.allclose(decay_envelope(np.array([0.0, 2.0])), [math.exp(-2), 1.0])
+    assert best_window(np.array([1.0, 3.0, 0.0, 3.0, 1.0]), 2) == 0  # 4, 3, 3, 4: earliest
+    assert best_window(np.array([0.0, 0.0, 5.0]), 1) == 2
+    with pytest.raises(ValueError, match="window width 4"):
+        best_window(np.zeros(3), 4)
+
+
+# ----------------------------------------------------------------------------- the controls
+
+
+def test_dense_tokens_and_single_window(model, smol):
+    req = request(model, smol, DOC, 2, 12, 10)
+    r = token_relevance(model, req.suffix_tokens, req.query_tokens)
+    assert get_allocator("dense_tokens")(req).tolist() == top_k_positions(r, req.budget).tolist()
+    window = get_allocator("single_window")(req)
+    b = req.budget
+    assert np.all(np.diff(window) == 1)
+    sums = [r[s : s + b].sum() for s in range(req.suffix_length - b + 1)]
+    assert math.isclose(r[window].sum(), max(sums), rel_tol=1e-12)
+
+
+def test_terms_and_bm25_by_hand():
+    assert terms("Hello, WORLD_42 café x-ray") == ["hello", "world", "42", "caf", "x", "ray"]
+    docs = [["a", "b", "a"], ["b", "c"], ["d"]]
+    # N = 3, avgdl = 2; idf(a) = ln(1 + 2.5 / 1.5), idf(b) = ln(1 + 1.5 / 2.5)
+    # doc 0: dl = 3, K = 1.2 (0.25 + 0.75 * 1.5) = 1.65
+    #   a: tf 2 -> 2 * 2.2 / 3.65; b: tf 1 -> 2.2 / 2.65
+    # doc 1: dl = 2, K = 1.2; b: tf 1 -> 2.2 / 2.2 = 1
+    expected = [0.980829 * 1.205479 + 0.470004 * 0.830189, 0.470004, 0.0]
+    got = bm25(docs, ["a", "b", "b", "zzz"])  # repeated / unseen query terms count once / zero
+    assert np.allclose(got, expected, atol=1e-5)
+    assert math.isclose(got[0], 1.572565, abs_tol=1e-5)
+    assert bm25([[], []], ["a"]).tolist() == [0.0, 0.0] and bm25([], ["a"]).size == 0
+
+
+def test_bm25_units_take_the_matching_unit_first(model, smol):
+    req = request(model, smol, DOC, 2, 12, 0)
+    units = units_of(req)
+    pieces = [smol.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
+    target = next(k for k, p in enumerate(pieces) if "vault key" in p)
+    a, b = units.ranges[target]
+    allocate = get_allocator("bm25_units")
+    assert allocate(with_budget(req, b - a)).tolist() == list(range(a, b))
+    assert allocate(with_budget(req, 2)).tolist() == [a, a + 1]  # prefix fill
+
+
+def test_random_units_follow_the_seed(model, smol):
+    req = request(model, smol, DOC, 2, 12, 30, seed=7)
+    allocate = get_allocator("random_units")
+    one = allocate(req)
+    assert allocate(req).tolist() == one.tolist()
+    again = [allocate(AllocationRequest(req.model, req.dirty, req.shifted, req.edit,
+                                        req.query_tokens, req.budget, req.tokenizer, s))
+             for s in range(5)]
+    assert any(x.tolist() != one.tolist() for x in again)
+    assert is_whole_units_plus_one_window(one, units_of(req))
+
+
+def test_text_allocators_need_a_tokenizer(model, smol):
+    req = request(model, smol, DOC, 2, 12, 10)
+    bare = AllocationRequest(model, req.dirty, req.shifted, req.edit, req.query_tokens, req.budget)
+    for name in TEXT_ALLOCATORS:
+        with pytest.raises(AllocatorError, match=f"{name}.*tokenizer="):
+            get_allocator(name)(bare)
+    for name in ("dense_tokens", "single_window"):
+        assert get_allocator(name)(bare).size == req.budget
+
+
+# ----------------------------------------------------------------------------- relevance
+
+
+def test_relevance_formula_blocks_and_quantized_table(model):
+    rng = np.random.default_rng(0)
+    suffix, query = rng.integers(0, 49152, 50), np.array([7, 11, 7, 3000])
+    suffix[[3, 20]] = [11, 3000]
+    table = np.array(model.model.embed_tokens.weight)
+    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+    expected = (unit[suffix] @ unit[query].T).max(axis=1) + 0.25 * np.isin(suffix, query)
+    r = token_relevance(model, suffix, query)
+    assert np.allclose(r, expected, atol=1e-6) and math.isclose(r[3], 1.25, rel_tol=1e-6)
+    assert np.array_equal(token_relevance(model, suffix, query, block=7), r)
+    quantized = nn.QuantizedEmbedding.from_embedding(model.model.embed_tokens, group_size=64, bits=8)
+    holder = type("Holder", (), {})()
+    holder.model = type("Inner", (), {"embed_tokens": quantized})()
+    rows = embedding_rows(holder, suffix)
+    assert rows.dtype == np.float32 and np.allclose(rows, table[suffix], atol=0.02)
+    assert np.allclose(token_relevance(holder, suffix, query), r, atol=0.02)
+    with pytest.raises(TokenError, match="query token id 49152"):
+        token_relevance(model, suffix, [49152])
+    with pytest.raises(TokenError, match="at least one query token"):
+        token_relevance(model, suffix, [])
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repair_runs_end_to_end(model, smol, name):
+    ids = smol.encode(DOC, add_special_tokens=False)
+    cache = filled(model, ids)
+    result = repair(model, cache, Edit(20, 40), QUERY, budget=10, allocator=name, tokenizer=smol)
+    s = len(ids) - 40
+    assert result.suffix_length == s and result.budget_tokens == math.ceil(s / 10)
+    assert result.selected.size == result.budget_tokens and result.cache.n_past == len(ids) - 20
