@@ -20,11 +20,6 @@ from nexus_mlx.errors import (
 PARIS_PROMPT = "What is the capital of France? Answer in one sentence."
 
 
-@pytest.fixture(scope="session")
-def default_model():
-    return load("default")
-
-
 def test_default_model_answers_paris(default_model):
     model, tokenizer = default_model
     assert model.model_type == "llama"

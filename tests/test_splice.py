@@ -138,3 +138,31 @@ def test_compile_directory_skips_up_to_date_blocks(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["create_issue.atb", "list_repos.atb"]
     second = compile_directory(model, tok, {**items, "list/repos": "5 6 8"}, tmp_path, context="9 9")
     assert second.up_to_date == ("create_issue",) and second.written == ("list/repos",)
+
+
+def test_query_directed_seam_repair_on_the_default_model(default_model):
+    import json
+    from pathlib import Path
+
+    from nexus_mlx.splice.curve import CurveError
+
+    model, tokenizer = default_model
+    tools = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
+    if not tools.exists():
+        pytest.skip("shared data not available")
+    data = json.loads(tools.read_text())
+    tool = (data["tools"] if isinstance(data, dict) else data)[0]
+    block = compile_block(model, tokenizer, json.dumps(tool))
+    history = tokenizer.encode("You are a helpful assistant. " * 40)[:300]
+    query = tokenizer.encode("Please call this tool for the repository octocat/hello-world.")
+    cache = make_cache(model)
+    forward(model, history, cache)
+    trailing = cache.copy()
+    result = splice(model, cache, block, curve="sur", query=query, tokenizer=tokenizer)
+    ref = splice(model, trailing, block)
+    assert result.path == "repaired" and result.recomputed == ref.recomputed > 0
+    assert result.r_pct == ref.r_pct
+    untouched = trailing.fork(0, 300)
+    with pytest.raises(CurveError, match="query"):
+        splice(model, untouched, block, curve="sur")
+    assert untouched.n_past == 300

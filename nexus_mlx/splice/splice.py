@@ -10,6 +10,9 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())``
    the live context and the spliced rows before them), unless the splice is *anchored*
    (``at == m0`` right after exactly the block's compile-time context), which is output-exact.
    At R = 100% every block row is recomputed: exactly a text prefill.
+   With ``curve="sur"`` (beyond the paper: query-directed seam repair) the same number of block
+   tokens as the default curve asks for is recomputed, but chosen by Semantic-Unit Refresh
+   against the next query (``query`` and ``tokenizer`` required) instead of the trailing ones.
 
 Paths reported in :class:`SpliceResult`: ``anchored`` (exact, nothing recomputed), ``bare``
 (``curve=None``: no repair), ``repaired`` (R% of the block recomputed), ``prefill`` (R = 100%),
@@ -22,8 +25,9 @@ It evaluates arrays (it is an executor). It does not choose blocks or know about
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,7 +38,7 @@ from nexus_mlx.kernels.splice_v_transposed import decline_reason
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward
 from nexus_mlx.splice.atb import CompiledBlock, validate_block
-from nexus_mlx.splice.curve import Curve
+from nexus_mlx.splice.curve import Curve, CurveError
 
 SplicePath = Literal["anchored", "bare", "repaired", "prefill", "declined"]
 
@@ -73,19 +77,38 @@ def _write_block(cache: NexusCache, block: CompiledBlock, at: int, use_kernel: b
     cache.evaluate()
 
 
+def _check_curve(curve: object, query: Sequence[int] | None, tokenizer: Any) -> None:
+    if curve == "sur":
+        if query is None or len(query) == 0 or tokenizer is None:
+            raise CurveError("curve='sur' needs the next query's tokens and a tokenizer")
+    elif curve is not None and not isinstance(curve, Curve):
+        raise CurveError(f"curve must be a Curve, 'sur' or None, got {curve!r}")
+
+
+def _query_directed(
+    model: nn.Module, tokenizer: Any, block: CompiledBlock, query: Sequence[int] | None, budget: int
+) -> np.ndarray:
+    from nexus_mlx.repair.allocators.semantic import sur_select
+
+    return sur_select(model, tokenizer, np.asarray(block.tokens), np.asarray(query), budget)
+
+
 def splice(
     model: nn.Module,
     cache: NexusCache,
     block: CompiledBlock,
     *,
     at: int | None = None,
-    curve: Curve | None = Curve(),  # noqa: B008  (frozen, immutable default)
+    curve: Curve | Literal["sur"] | None = Curve(),  # noqa: B008  (frozen, immutable default)
     use_kernel: bool = True,
+    query: Sequence[int] | None = None,
+    tokenizer: Any = None,
 ) -> SpliceResult:
     """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     validate_block(block, model)
+    _check_curve(curve, query, tokenizer)
     at = cache.next_position if at is None else at
     n_past, s = cache.n_past, block.num_tokens
     positions = np.arange(at, at + s)
@@ -111,13 +134,21 @@ def splice(
     if anchored:
         base.path = "anchored"
     elif curve is not None:
-        base.r_pct = curve.percent(n_past)
-        base.recomputed = curve.tokens(s, n_past)
+        trailing = Curve() if curve == "sur" else curve
+        assert isinstance(trailing, Curve)
+        base.r_pct = trailing.percent(n_past)
+        base.recomputed = trailing.tokens(s, n_past)
         t0 = time.perf_counter()
-        if base.recomputed:
-            tail = slice(s - base.recomputed, s)
-            out = forward(model, list(block.tokens[tail]), cache, positions=positions[tail],
-                          rows=np.arange(*rows)[tail], logits="last")
+        if curve == "sur":
+            picked = _query_directed(model, tokenizer, block, query, base.recomputed)
+        else:
+            picked = np.arange(s - base.recomputed, s)
+        timings["select"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if picked.size:
+            tokens = np.asarray(block.tokens)[picked]
+            out = forward(model, tokens, cache, positions=positions[picked],
+                          rows=rows[0] + picked, logits="last")
             mx.eval(out)
             cache.evaluate()
         timings["repair"] = time.perf_counter() - t0

@@ -28,7 +28,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
+import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.models.token_text import token_char_spans
@@ -145,16 +147,30 @@ def bm25(docs: list[list[str]], query: list[str], k1: float = BM25_K1, b: float 
 # ----------------------------------------------------------------------------- allocators
 
 
-@register("sur")
-def sur(request: AllocationRequest) -> np.ndarray:
-    _, _, units = _text_units(request, "sur")
-    r = _relevance(request)
+def sur_select(
+    model: nn.Module, tokenizer: Any, tokens: np.ndarray, query_tokens: np.ndarray, budget: int
+) -> np.ndarray:
+    """Semantic-Unit Refresh over any token span: exactly ``budget`` sorted indices into
+    ``tokens`` (used by the ``sur`` allocator and by query-directed splice repair)."""
+    if tokenizer is None:
+        raise AllocatorError("SUR reads the text of the tokens: a tokenizer is required")
+    text, spans = token_char_spans(tokenizer, tokens)
+    units = units_from_text(text, spans)
+    r = token_relevance(model, tokens, query_tokens)
 
     def window(u: int, width: int) -> int:
         a, b = units.ranges[u]
         return best_window(decay_envelope(r[a:b]), width)
 
-    return admit_units(units, rank(unit_scores(r, units)), request.budget, window)
+    return admit_units(units, rank(unit_scores(r, units)), budget, window)
+
+
+@register("sur")
+def sur(request: AllocationRequest) -> np.ndarray:
+    if request.tokenizer is None:
+        raise AllocatorError("allocator 'sur' reads the suffix text: pass tokenizer=... to repair()")
+    return sur_select(request.model, request.tokenizer, request.suffix_tokens,
+                      request.query_tokens, request.budget)
 
 
 @register("dense_tokens")
