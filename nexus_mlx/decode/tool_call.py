@@ -1,0 +1,351 @@
+"""Generate one tool call: the tool name under the trie FSM, then its arguments under the schema.
+
+Contract: ``generate_tool_call(model, tokenizer, cache, prompt_tokens, tools)`` continues a prompt
+that ends with :data:`CALL_PREFIX` (``{"name": "``; :func:`tool_call_prompt` builds one) and
+returns a :class:`ToolCallResult`. The generated text is always::
+
+    {"name": "<one of the tools>", "arguments": {<JSON valid for that tool's input schema>}}
+
+1. Name: with several candidate tools, a :class:`~.name_fsm.NameFSM` over their qualified names
+   with terminator :data:`NAME_GLUE` (``", "arguments":``) masks every step; once one candidate is
+   left, the rest of it is forced in its canonical tokenization (one batched forward, no
+   sampling). With one candidate the name is forced outright (prefilled with the prompt).
+2. Arguments: the tool's ``input_schema`` compiled by :func:`~.json_constraint.compile_schema`
+   (optional leading space, then the JSON object, then the closing ``}``) drives a
+   :class:`~.json_constraint.JsonConstraint`; tokens llguidance forces are fed without sampling.
+   After ``max_argument_tokens`` argument tokens the decoder closes the JSON: it takes
+   :meth:`~.json_constraint.JsonConstraint.closing_token` whenever that has a choice and asks
+   the model only where it has none, for at most ``closing_budget`` more tokens; output that
+   still is not complete is reported (``complete=False``), not raised.
+
+``result.errors`` is empty when the arguments parse, validate against the schema (``jsonschema``)
+and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MCP and sampled
+Seal-Tools schema) validity holds for every completed call by construction, and so does the
+absence of placeholders unless the grammar itself leaves no other string (e.g. a ``maxLength``
+that only fits ``"any"``), which ``errors`` then reports. The cache is advanced like ``generate_tokens`` leaves it: the prompt and every
+token of ``result.tokens`` but the last. Greedy by default; ``sampler`` is mlx-lm's.
+
+Prompt format (:func:`tool_call_prompt`): the tokenizer's chat template with a system message
+listing one compressed-IR signature per tool (``routing.ir.tool_signature``, e.g.
+``create_repository(name: string, private?: boolean)``; descriptions as ``// ...`` only when
+``ir_options`` asks for them) and :data:`SYSTEM_PROMPT`'s instruction, the user's request as the
+user message, and the assistant turn opened with :data:`CALL_PREFIX`. The system message depends
+only on the tools, so requests over the same tools share its KV prefix (prefill it once, fork the
+cache, pass the rest as ``prompt_tokens``).
+
+It does not choose candidate tools (routing does), execute calls or parse free-form model text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from nexus_mlx.agent.tools import Tool
+from nexus_mlx.decode.generate import Sampler, greedy
+from nexus_mlx.decode.json_constraint import (
+    JsonConstraint,
+    check_arguments,
+    compile_schema,
+    ll_tokenizer,
+)
+from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
+from nexus_mlx.errors import NexusError
+from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.routing.ir import IROptions, tool_signature
+
+CALL_PREFIX = '{"name": "'
+"""The assistant turn opens with this (part of the prompt)."""
+NAME_GLUE = '", "arguments":'
+"""What follows the tool name (the name FSM's terminator)."""
+CALL_SUFFIX = "}"
+"""Closes the call object after the arguments (part of the argument grammar)."""
+SYSTEM_PROMPT = (
+    "You are a function-calling assistant. Tools:\n{signatures}\n"
+    "Answer with a JSON object naming the tool to call and its arguments. Copy names, owners, "
+    "repositories, places and other values exactly as they appear in the user's request."
+)
+"""System message; ``{signatures}`` gets one IR signature per line."""
+DEFAULT_IR = IROptions()
+"""Signatures without descriptions (routing has already used them; shorter prompts)."""
+
+
+class ToolCallError(NexusError, ValueError):
+    """No candidate tools, duplicate names, or a prompt that does not end with the call prefix."""
+
+
+@dataclass(frozen=True)
+class ToolCallTimings:
+    """Wall-clock seconds per stage (compile: schema -> grammar -> matcher)."""
+
+    prefill_s: float = 0.0
+    name_s: float = 0.0
+    compile_s: float = 0.0
+    arguments_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class MaskOverhead:
+    """Host time spent building masks: per masked step, in microseconds."""
+
+    name_us: tuple[float, ...] = ()
+    arguments_us: tuple[float, ...] = ()
+
+    @property
+    def total_ms(self) -> float:
+        return (sum(self.name_us) + sum(self.arguments_us)) / 1e3
+
+    @property
+    def median_us(self) -> float:
+        both = self.name_us + self.arguments_us
+        return float(np.median(both)) if both else 0.0
+
+
+@dataclass(frozen=True)
+class ToolCallResult:
+    """One generated call. ``text`` is the whole call object, :data:`CALL_PREFIX` included."""
+
+    name: str
+    arguments: dict[str, Any]
+    text: str
+    tokens: tuple[int, ...]
+    timings: ToolCallTimings
+    mask_overhead: MaskOverhead
+    mode: str = "strict"
+    complete: bool = True
+    sampled_tokens: int = 0
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def valid(self) -> bool:
+        """Complete, schema-valid and placeholder-free."""
+        return self.complete and not self.errors
+
+
+def tool_call_prompt(
+    tokenizer: Any,
+    request: str | Sequence[dict[str, str]],
+    tools: Sequence[Tool],
+    *,
+    ir_options: IROptions = DEFAULT_IR,
+) -> list[int]:
+    """Token ids of the prompt described in the module docstring.
+
+    ``request`` is the user's text, or chat messages (without a system message: ours is put
+    first) whose last one is the user's."""
+    if not tools:
+        raise ToolCallError("a tool-call prompt needs at least one tool")
+    signatures = "\n".join(tool_signature(t, ir_options) for t in tools)
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": SYSTEM_PROMPT.format(signatures=signatures)}
+    ]
+    if isinstance(request, str):
+        messages.append({"role": "user", "content": request})
+    else:
+        messages.extend(dict(m) for m in request)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(str(text) + CALL_PREFIX, add_special_tokens=False))
+
+
+def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
+    row = mask_logits(logits[:, -1, :], mask)  # (1, V)
+    logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
+    token = sampler(logprobs)
+    mx.eval(token)
+    return int(cast(int, token.item()))
+
+
+class _Stream:
+    """The model side: tokens waiting to be forwarded, and logits once they are."""
+
+    def __init__(self, model: nn.Module, cache: NexusCache) -> None:
+        self.model, self.cache = model, cache
+        self.pending: list[int] = []
+        self.logits: mx.array | None = None
+
+    def push(self, tokens: Sequence[int]) -> None:
+        self.pending.extend(int(t) for t in tokens)
+        self.logits = None if tokens else self.logits
+
+    def next_logits(self) -> mx.array:
+        if self.logits is None or self.pending:
+            self.logits = forward(self.model, self.pending, self.cache, logits="last")
+            self.pending = []
+        return self.logits
+
+    def settle(self) -> None:
+        """Forward every pending token but the last (the cache convention of the module)."""
+        if len(self.pending) > 1:
+            mx.eval(forward(self.model, self.pending[:-1], self.cache, logits="last"))
+        self.pending = []
+
+
+def _check_prompt(tokenizer: Any, prompt_tokens: Sequence[int]) -> None:
+    tail = tokenizer.decode(list(prompt_tokens[-8:]))
+    if not str(tail).endswith(CALL_PREFIX):
+        raise ToolCallError(f"the prompt must end with {CALL_PREFIX!r} (tool_call_prompt builds "
+                            f"one); it ends with {str(tail)[-24:]!r}")
+
+
+def generate_tool_call(
+    model: nn.Module,
+    tokenizer: Any,
+    cache: NexusCache | None,
+    prompt_tokens: Sequence[int],
+    tools: Sequence[Tool],
+    *,
+    sampler: Sampler | None = None,
+    max_argument_tokens: int = 160,
+    closing_budget: int = 96,
+    guard_placeholders: bool = True,
+) -> ToolCallResult:
+    """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring)."""
+    if not tools:
+        raise ToolCallError("generate_tool_call needs at least one candidate tool")
+    by_name = {t.qualified_name: t for t in tools}
+    if len(by_name) != len(tools):
+        raise ToolCallError(f"duplicate tool names among {[t.qualified_name for t in tools]}")
+    if max_argument_tokens < 0 or closing_budget < 0:
+        raise ToolCallError(f"token budgets must be >= 0, got {max_argument_tokens}, "
+                            f"{closing_budget}")
+    _check_prompt(tokenizer, prompt_tokens)
+    sampler = sampler or greedy
+    cache = cache if cache is not None else make_cache(model)
+    vocab = vocab_of(tokenizer)
+    stream = _Stream(model, cache)
+    start = time.perf_counter()
+    name_tokens: list[int] = []
+    name_us: list[float] = []
+    sampled = 0
+
+    # -- name ------------------------------------------------------------------------------
+    stream.push(prompt_tokens)
+    if len(by_name) == 1:
+        name = next(iter(by_name))
+        name_tokens = list(tokenizer.encode(name + NAME_GLUE, add_special_tokens=False))
+        stream.push(name_tokens)
+        mx.eval(stream.next_logits())
+        prefill_s = time.perf_counter() - start
+    else:
+        fsm = NameFSM(list(by_name), vocab, terminator=NAME_GLUE)
+        mx.eval(stream.next_logits())
+        prefill_s = time.perf_counter() - start
+        while not fsm.is_complete():
+            rest = fsm.remaining()
+            if rest is not None:  # one candidate left: force its canonical tokens
+                ids = list(tokenizer.encode(rest.decode("utf-8", "replace"),
+                                            add_special_tokens=False))
+                if fsm.accept_tokens(ids) == len(ids):
+                    name_tokens += ids
+                    stream.push(ids)
+                    break
+                fsm.reset()
+                fsm.accept_tokens(name_tokens)
+            t0 = time.perf_counter()
+            mask = fsm.allowed_mask_mx()
+            name_us.append((time.perf_counter() - t0) * 1e6)
+            token = _sample(stream.next_logits(), mask, sampler)
+            sampled += 1
+            if not fsm.accept_token(token):
+                raise AssertionError(f"sampler chose masked token {token}")
+            name_tokens.append(token)
+            stream.push([token])
+        name = cast(str, fsm.matched_name())
+    name_s = time.perf_counter() - start - prefill_s
+
+    # -- arguments -------------------------------------------------------------------------
+    t_compile = time.perf_counter()
+    tool = by_name[name]
+    compiled = compile_schema(tool.input_schema, leading_space=True, after=CALL_SUFFIX)
+    constraint = JsonConstraint(compiled, vocab, guard_placeholders=guard_placeholders,
+                                names=list(by_name), ll_tok=ll_tokenizer(tokenizer))
+    compile_s = time.perf_counter() - t_compile
+    args_us: list[float] = []
+    budget_sampled = 0
+    while not constraint.is_complete() and len(constraint.tokens) < (
+        max_argument_tokens + closing_budget + 64
+    ):
+        forced = constraint.forced_tokens()
+        if forced:
+            n = constraint.accept_tokens(forced)
+            stream.push(forced[:n])
+            if n == len(forced):
+                continue
+        closing = budget_sampled >= max_argument_tokens
+        if closing and budget_sampled >= max_argument_tokens + closing_budget:
+            break
+        t0 = time.perf_counter()
+        token_or_none = constraint.closing_token() if closing else None
+        if token_or_none is None:
+            mask = mx.array(constraint.allowed_mask())
+            args_us.append((time.perf_counter() - t0) * 1e6)
+            token = _sample(stream.next_logits(), mask, sampler)
+            sampled += 1
+        else:
+            token = token_or_none
+        budget_sampled += 1
+        if not constraint.accept_token(token):
+            raise AssertionError(f"sampler chose masked token {token}")
+        stream.push([token])
+    stream.settle()
+    total_s = time.perf_counter() - start
+
+    complete = constraint.is_complete()
+    arguments: dict[str, Any] = {}
+    errors: list[str] = []
+    if complete:
+        value = constraint.value()
+        if isinstance(value, dict):
+            arguments = value
+        errors = check_arguments(value, tool.input_schema, names=list(by_name))
+    else:
+        errors = [f"incomplete: no complete JSON within {max_argument_tokens} + "
+                  f"{closing_budget} argument tokens"]
+    tokens = tuple(name_tokens) + tuple(constraint.tokens)
+    name_text = bytes(b"".join(vocab.token_bytes[t] for t in name_tokens)).decode("utf-8", "replace")
+    text = CALL_PREFIX + name_text + constraint.text
+    return ToolCallResult(
+        name=name,
+        arguments=arguments,
+        text=text,
+        tokens=tokens,
+        timings=ToolCallTimings(prefill_s, name_s, compile_s,
+                                total_s - prefill_s - name_s - compile_s, total_s),
+        mask_overhead=MaskOverhead(tuple(name_us), tuple(args_us)),
+        mode=compiled.mode,
+        complete=complete,
+        sampled_tokens=sampled,
+        errors=tuple(errors),
+    )
+
+
+def call_tool(
+    model: nn.Module,
+    tokenizer: Any,
+    request: str | Sequence[dict[str, str]],
+    tools: Sequence[Tool],
+    *,
+    ir_options: IROptions = DEFAULT_IR,
+    **kwargs: Any,
+) -> ToolCallResult:
+    """:func:`tool_call_prompt` + :func:`generate_tool_call` on a fresh cache."""
+    prompt = tool_call_prompt(tokenizer, request, tools, ir_options=ir_options)
+    return generate_tool_call(model, tokenizer, None, prompt, tools, **kwargs)
+
+
+def describe(result: ToolCallResult) -> str:
+    """One line for logs: name, arguments, validity and timings."""
+    args = json.dumps(result.arguments, ensure_ascii=False)
+    state = "ok" if result.valid else f"errors={list(result.errors)}"
+    return (f"{result.name}({args}) {state} mode={result.mode} "
+            f"total={result.timings.total_s * 1e3:.0f} ms "
+            f"mask={result.mask_overhead.median_us:.1f} us/step")
