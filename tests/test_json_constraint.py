@@ -16,14 +16,12 @@ from hypothesis import strategies as st
 from nexus_mlx.agent.registry import load_seal_tools, load_tools
 from nexus_mlx.decode.json_constraint import (
     JsonConstraint,
-    PlaceholderPolicy,
     SchemaConstraintError,
-    check_arguments,
     compile_schema,
-    find_placeholders,
     prepare_schema,
 )
 from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.placeholders import PlaceholderPolicy, check_arguments, find_placeholders
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec

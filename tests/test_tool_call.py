@@ -12,8 +12,9 @@ import pytest
 from nexus_mlx.agent.registry import load_tools
 from nexus_mlx.agent.tools import Tool
 from nexus_mlx.decode.generate import generate_tokens
-from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, find_placeholders
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import NameFSM, vocab_of
+from nexus_mlx.decode.placeholders import find_placeholders
 from nexus_mlx.decode.tool_call import (
     CALL_PREFIX,
     ToolCallError,

@@ -50,13 +50,9 @@ import numpy as np
 
 from nexus_mlx.agent.tools import Tool
 from nexus_mlx.decode.generate import Sampler, greedy
-from nexus_mlx.decode.json_constraint import (
-    JsonConstraint,
-    check_arguments,
-    compile_schema,
-    ll_tokenizer,
-)
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
+from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.errors import NexusError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
