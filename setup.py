@@ -1,32 +1,52 @@
-"""Build step for nexus-mlx: compile the CBLAS forwarding shim (Linux only).
+"""Build step for nexus-mlx: compile two plain shared libraries loaded with ctypes.
 
-Contract: on Linux, ``pip install .``, ``pip install -e .`` and wheel builds compile
-``nexus_mlx/csrc/blas_shim.c`` into ``nexus_mlx/_blas_shim.so`` inside the package (a plain shared
-library, not a Python extension module: it has no ``PyInit`` and is loaded with ctypes by
-``nexus_mlx/_blas.py``). Elsewhere (macOS uses Accelerate) nothing is compiled. All other metadata
-lives in pyproject.toml.
+Contract: ``pip install .``, ``pip install -e .`` and wheel builds compile, inside the package
+(plain shared libraries, not Python extension modules: no ``PyInit``, no ABI tag in the name):
+
+- on Linux, ``nexus_mlx/csrc/blas_shim.c`` into ``nexus_mlx/_blas_shim.so``, the CBLAS forwarding
+  shim loaded by ``nexus_mlx/_blas.py`` (macOS uses Accelerate and needs none);
+- on Linux and macOS, ``nexus_mlx/csrc/int8_scan.c`` into ``nexus_mlx/_int8_scan.so``, the native
+  SLB scan loaded by ``nexus_mlx/kernels/int8_scan.py``. One binary holds every SIMD path (chosen
+  at run time), so it is built for the baseline ISA. It is optional: if it fails to build, the
+  install goes on and the library is compiled on first use into a cache folder, or numpy is used.
+  It records the SHA-256 prefix of its source, so the loader can tell a stale build.
+
+All other metadata lives in pyproject.toml.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SHIM_MODULE = "nexus_mlx._blas_shim"
+SCAN_MODULE = "nexus_mlx._int8_scan"
+SCAN_SOURCE = "nexus_mlx/csrc/int8_scan.c"
+PLAIN_LIBRARIES = (SHIM_MODULE, SCAN_MODULE)
 
 
 class BuildShim(build_ext):
-    """build_ext that names the shim ``_blas_shim.so`` (no ABI tag: it does not use Python)."""
+    """build_ext that names the plain libraries ``<name>.so`` (no ABI tag: they do not use
+    Python)."""
 
     def get_ext_filename(self, fullname: str) -> str:
         # Called with the dotted full name by some setuptools paths and with only the last
         # component by others; both map to the same relative path plus a bare ".so".
-        if fullname in (SHIM_MODULE, SHIM_MODULE.rsplit(".", 1)[1]):
-            return os.path.join(*fullname.split(".")) + ".so"
+        for module in PLAIN_LIBRARIES:
+            if fullname in (module, module.rsplit(".", 1)[1]):
+                return os.path.join(*fullname.split(".")) + ".so"
         return str(super().get_ext_filename(fullname))
+
+
+def _source_id(path: str) -> str:
+    """The hash the loader compares (first 16 hex digits of the source's SHA-256)."""
+    source = Path(__file__).resolve().parent / path
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
 
 
 ext_modules = []
@@ -36,6 +56,17 @@ if sys.platform.startswith("linux"):
             SHIM_MODULE,
             sources=["nexus_mlx/csrc/blas_shim.c"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
+        )
+    )
+if sys.platform.startswith("linux") or sys.platform == "darwin":
+    ext_modules.append(
+        Extension(
+            SCAN_MODULE,
+            sources=[SCAN_SOURCE],
+            define_macros=[("NEXUS_I8_SOURCE_ID", f'"{_source_id(SCAN_SOURCE)}"')],
+            extra_compile_args=["-O3", "-fvisibility=hidden", "-ffp-contract=off"],
+            libraries=["m"],
+            optional=True,  # the loader compiles it on first use, or falls back to numpy
         )
     )
 
