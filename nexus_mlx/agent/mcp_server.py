@@ -3,7 +3,7 @@
 Contract: :class:`McpServer` (synchronous; the agent turn is synchronous) starts the server
 command of a :class:`ServerSpec` as a child process, speaks MCP to it over stdin/stdout with the
 SDK's ``stdio_client`` + ``ClientSession`` on a private event loop running in a background thread,
-and offers ``list_tools() -> ToolRegistry`` and ``call_tool(name, arguments) -> ToolCallResult``.
+and offers ``list_tools() -> ToolRegistry`` and ``call_tool(name, arguments) -> McpCallResult``.
 :class:`AsyncMcpServer` is the same thing for ``async`` callers (one event loop, no thread).
 
 Every wait is bounded:
@@ -30,11 +30,13 @@ import asyncio
 import concurrent.futures
 import math
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import IO, Any
 
 import anyio
@@ -133,7 +135,7 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
-class ToolCallResult:
+class McpCallResult:
     """A ``tools/call`` result: its text blocks joined by newlines, the error flag, structured data.
 
     Non-text blocks appear in ``text`` as ``[image image/png]``-style placeholders.
@@ -174,9 +176,9 @@ def _block_text(block: Any) -> str:
     return f"[{block.type} {mime}]".replace(" ]", "]")
 
 
-def _result(result: types.CallToolResult) -> ToolCallResult:
+def _result(result: types.CallToolResult) -> McpCallResult:
     text = "\n".join(_block_text(b) for b in result.content)
-    return ToolCallResult(
+    return McpCallResult(
         text=text, is_error=bool(result.is_error), structured=result.structured_content
     )
 
@@ -303,7 +305,7 @@ class AsyncMcpServer:
 
     async def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None
-    ) -> ToolCallResult:
+    ) -> McpCallResult:
         """``tools/call`` with a bounded wait; see the module docstring for errors."""
         session = self._live_session()
         limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
@@ -435,7 +437,7 @@ class McpServer:
 
     def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None
-    ) -> ToolCallResult:
+    ) -> McpCallResult:
         """Call a tool (plain or namespaced name) and wait at most ``timeout`` (or ``call_timeout``)."""
         _, server = self._running()
         limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
@@ -482,3 +484,14 @@ def start_servers(specs: Sequence[ServerSpec]) -> list[McpServer]:
             server.close()
         raise
     return started
+
+
+def installed_server(
+    script: str, module: str, *args: str, **kwargs: Any
+) -> ServerSpec:
+    """A spec for an MCP server installed in this Python environment: its console ``script``
+    beside the interpreter when present, else ``python -m module``."""
+    path = Path(sys.executable).with_name(script)
+    if path.is_file():
+        return ServerSpec(str(path), tuple(args), **kwargs)
+    return ServerSpec(sys.executable, ("-m", module, *args), **kwargs)

@@ -1,0 +1,97 @@
+"""The agent turn: route, generate the call's arguments in a sidecar, optionally execute it.
+
+Contract: ``Agent(model, tokenizer, registry, router, servers).turn(messages)`` routes the last
+user message with the :class:`~nexus_mlx.routing.router.Router` (SLB + margin gate + reranker:
+depth-independent, it never reads the conversation's KV cache), then generates the chosen
+tool's arguments over its compressed-IR signature with constrained decoding, in a sidecar
+sequence at position 0 built from a pruned window of the conversation
+(:func:`~nexus_mlx.agent.sidecar.sidecar_messages`). ``execute(turn)`` runs the call on the live
+MCP server that owns the tool and returns its result. One coarse re-entrant lock serialises
+whole turns, so concurrent callers get exactly the outputs they would get alone (greedy
+decoding is deterministic).
+
+It does not own the servers' lifetimes (the caller starts and closes them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.nn as nn
+
+from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
+from nexus_mlx.agent.registry import ToolRegistry
+from nexus_mlx.agent.sidecar import Message, sidecar_messages
+from nexus_mlx.decode.tool_call import ToolCallResult, generate_tool_call, tool_call_prompt
+from nexus_mlx.errors import NexusError
+from nexus_mlx.routing.router import RouteDecision, Router
+
+
+class AgentError(NexusError, RuntimeError):
+    """A call for a tool no running server owns, or an unusable conversation."""
+
+
+@dataclass
+class AgentTurn:
+    route: RouteDecision
+    call: ToolCallResult
+    sidecar: list[dict[str, str]]
+    prompt_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        registry: ToolRegistry,
+        router: Router,
+        servers: Mapping[str, McpServer] | None = None,
+        *,
+        window: int = 4,
+        payload_chars: int = 240,
+        max_argument_tokens: int = 96,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.registry, self.router = registry, router
+        self.servers = dict(servers or {})  # namespace (or "") -> server
+        self.window, self.payload_chars = window, payload_chars
+        self.max_argument_tokens = max_argument_tokens
+        self.lock = threading.RLock()
+
+    def turn(self, messages: Sequence[Message]) -> AgentTurn:
+        """Route the last user message and generate the chosen tool's call."""
+        with self.lock:
+            timings: dict[str, float] = {}
+            start = time.perf_counter()
+            window = sidecar_messages(messages, window=self.window, payload_chars=self.payload_chars)
+            decision = self.router.route(str(messages[-1].get("content", "")))
+            timings["route"] = time.perf_counter() - start
+            tool = self.registry.get(decision.chosen)
+            start = time.perf_counter()
+            prompt = tool_call_prompt(self.tokenizer, window, [tool])
+            call = generate_tool_call(self.model, self.tokenizer, None, prompt, [tool],
+                                      max_argument_tokens=self.max_argument_tokens)
+            timings["arguments"] = time.perf_counter() - start
+            return AgentTurn(decision, call, window, len(prompt), timings)
+
+    def server_for(self, name: str) -> McpServer:
+        """The live server owning tool ``name`` (``namespace.tool`` or a plain name)."""
+        namespace = name.split(".", 1)[0] if "." in name else ""
+        server = self.servers.get(namespace)
+        if server is None:
+            raise AgentError(f"no running MCP server owns tool {name!r}; servers: {sorted(self.servers)}")
+        return server
+
+    def execute(self, turn: AgentTurn, timeout: float | None = None) -> McpCallResult:
+        """Run the turn's call on its server (serialised with turns by the same lock)."""
+        with self.lock:
+            if not turn.call.valid:
+                raise AgentError(f"refusing to execute an invalid call: {list(turn.call.errors)}")
+            return self.server_for(turn.call.name).call_tool(turn.call.name, turn.call.arguments,
+                                                             timeout=timeout)
