@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 
-import nexus_mlx
 from nexus_mlx.decode.generate import GenerationStats, chat
 from nexus_mlx.errors import NexusError
 from nexus_mlx.models.load import load
-
-DEMO_PROMPT = "What is the capital of France? Answer in one sentence."
 
 
 def _print_generation(answer: str, stats: GenerationStats) -> None:
@@ -41,15 +37,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    blas = nexus_mlx.BLAS_STATUS
-    print(f"nexus-mlx {nexus_mlx.__version__} | BLAS: {blas.library if blas.loaded else blas.reason}")
-    start = time.perf_counter()
-    model, tokenizer = load(args.model)
-    print(f"loaded {args.model!r} in {time.perf_counter() - start:.1f} s")
-    print(f"> {DEMO_PROMPT}")
-    result = chat(model, tokenizer, DEMO_PROMPT, max_tokens=args.max_tokens)
-    _print_generation(result.text, result.stats)
-    return 0
+    from nexus_mlx.demo import run_demo
+
+    return run_demo(args.model)
 
 
 def build_parser() -> argparse.ArgumentParser:
