@@ -1,11 +1,10 @@
 """The ``nexus-mlx`` command line.
 
-Contract: ``main(argv)`` parses a subcommand and runs it, returning the process exit status.
-Errors raised on purpose (:class:`NexusError`) print as one readable line (``--debug`` shows the
-traceback) and exit with status 2. Subcommands:
-
-- ``chat``: one chat turn on a model spec, printing the answer, TTFT and tokens/s.
-- ``demo``: the main job on the embedded default model (what ``make demo`` runs).
+Contract: ``main(argv)`` parses a subcommand and runs it (implementations in
+:mod:`nexus_mlx.commands`), returning the process exit status. Errors raised on purpose
+(:class:`NexusError`) print as one readable line plus a hint (``--debug`` shows the traceback)
+and exit with status 2. ``--model SPEC`` (``default``, ``gemma3-270m``, a ``.gguf`` file or an
+mlx-lm directory) is accepted by every subcommand that runs a model.
 """
 
 from __future__ import annotations
@@ -13,33 +12,28 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from nexus_mlx.decode.generate import GenerationStats, chat
+from nexus_mlx import commands
 from nexus_mlx.errors import NexusError
-from nexus_mlx.models.load import load
+
+MODEL_HELP = "model spec: 'default', 'gemma3-270m', a .gguf file or an mlx-lm directory"
+TOOLS_HELP = "a registry file (JSON list / {'tools': [...]}, Seal-Tools .jsonl) or an MCP server command"
 
 
-def _print_generation(answer: str, stats: GenerationStats) -> None:
-    print(answer.strip())
-    print(
-        f"[{stats.prompt_tokens} prompt tokens, TTFT {stats.ttft_s * 1000:.0f} ms "
-        f"({stats.prefill_tokens_per_s:.0f} tok/s prefill), "
-        f"{stats.generated_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s]"
-    )
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load(args.model)
-    result = chat(model, tokenizer, args.prompt, max_tokens=args.max_tokens)
-    _print_generation(result.text, result.stats)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from nexus_mlx.demo import run_demo
-
-    return run_demo(args.model)
+def _add(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    help_text: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    model: bool = True,
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    if model:
+        p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,18 +44,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--model", default="default",
-                       help="model spec: 'default', 'gemma3-270m', a .gguf file or an mlx-lm directory")
-        p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
-        return p
+    p = _add(sub, "chat", "one chat turn on a model, with TTFT and tokens/s", commands.cmd_chat)
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
 
-    chat = add("chat", "one chat turn on a model, with TTFT and tokens/s")
-    chat.add_argument("prompt", help="the user message")
-    chat.set_defaults(func=cmd_chat)
-    demo = add("demo", "the main job on the embedded default model (make demo)")
-    demo.set_defaults(func=cmd_demo)
+    _add(sub, "demo", "the main job on the embedded default model (make demo)", commands.cmd_demo)
+
+    p = _add(sub, "compile", "compile a tool registry to .atb KV blocks", commands.cmd_compile)
+    p.add_argument("--tools", required=True, help=TOOLS_HELP)
+    p.add_argument("--out", required=True, help="directory for the .atb files")
+    p.add_argument("--context", default=None, help="text preceding every block (a system prompt)")
+    p.add_argument("--dtype", default=None, choices=["float16", "float32"],
+                   help="block dtype (default: the model's compute dtype)")
+
+    p = _add(sub, "route", "route a request: candidates, margin, gate, IR, arguments, timings",
+             commands.cmd_route)
+    p.add_argument("query", help="the user's request")
+    p.add_argument("--tools", required=True, help=TOOLS_HELP)
+    p.add_argument("-k", type=int, default=5, help="candidates the SLB returns")
+    p.add_argument("--max-tokens", type=int, default=96, help="argument tokens at most")
+
+    p = _add(sub, "splice-demo", "splice a compiled schema at several depths vs a text prefill",
+             commands.cmd_splice_demo)
+    p.add_argument("--depths", type=int, nargs="+", default=[0, 256, 512, 1024],
+                   help="history lengths n_past to splice after")
+    p.add_argument("-K", type=float, default=4.0, help="recompute curve K (4 default, 16 flat)")
+
+    p = _add(sub, "repair-demo", "delete a correction from a cached context and repair it",
+             commands.cmd_repair_demo)
+    p.add_argument("--budget", type=float, default=5.0, help="recompute budget in percent")
+    p.add_argument("--allocator", default="sur", help="allocator name (sur, bm25_units, ...)")
+
+    p = _add(sub, "bench", "run a benchmark script from bench/", commands.cmd_bench, model=False)
+    p.add_argument("name", help="benchmark name, e.g. blas, engine, dkl_sweep")
+    p.add_argument("--quick", action="store_true", help="the < 1 minute smoke-test setting")
+
+    p = _add(sub, "report", "write results/REPORT.md from results/*.json", commands.cmd_report,
+             model=False)
+    p.add_argument("--results", default="results", help="the results directory")
     return parser
 
 
@@ -74,8 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"nexus-mlx: error: {exc}", file=sys.stderr)
-        print("hint: run with --debug for the traceback", file=sys.stderr)
+        print("hint: check the arguments above (run with --debug for the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("nexus-mlx: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
