@@ -28,6 +28,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -93,6 +94,26 @@ def active_backend() -> str:
         if cuda_available():
             return "cuda"
     return "cpu"
+
+
+def build_metal_kernel(
+    name: str, inputs: Sequence[str], outputs: Sequence[str], body_file: str
+) -> Any | None:
+    """``mx.fast.metal_kernel`` over ``metal_kernels/<body_file>.metal``, or None without Metal."""
+    if not metal_available():
+        return None
+    return mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
+                                source=kernel_source(body_file))
+
+
+def build_cuda_kernel(
+    name: str, inputs: Sequence[str], outputs: Sequence[str], source: str
+) -> Any | None:
+    """``mx.fast.cuda_kernel`` over ``source``, or None unless MLX runs on CUDA."""
+    if not cuda_available():
+        return None
+    return mx.fast.cuda_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
+                               source=source)
 
 
 def unified_memory() -> bool:

@@ -48,7 +48,7 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.errors import NexusError
-from nexus_mlx.kernels import active_backend, cuda_available, kernel_source, metal_available
+from nexus_mlx.kernels import active_backend, build_cuda_kernel, build_metal_kernel
 
 ISAS = ("scalar", "avx2", "avx512vnni", "neon", "neondot")
 ALIGN = 64
@@ -566,28 +566,14 @@ def metal_kernel() -> Any | None:
                 acc += int(codes[i, j]) * int(query[j])
             scores[i] = acc
     """
-    if not metal_available():
-        return None
-    return mx.fast.metal_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=kernel_source("int8_scan"),
-    )
+    return build_metal_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, "int8_scan")
 
 
 @functools.cache
 def cuda_kernel() -> Any | None:
     """The CUDA twin of :func:`metal_kernel` (same inputs, grid and reference loop), or None
     unless MLX runs on CUDA. Checked only on an NVIDIA GPU (``pytest -m gpu``)."""
-    if not cuda_available():
-        return None
-    return mx.fast.cuda_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=CUDA_SOURCE,
-    )
+    return build_cuda_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, CUDA_SOURCE)
 
 
 def kernel_launch(codes: mx.array, query: mx.array) -> dict[str, Any]:

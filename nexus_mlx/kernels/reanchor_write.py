@@ -51,12 +51,11 @@ from nexus_mlx.errors import CacheError
 from nexus_mlx.kernels import (
     SpliceLayoutError,
     active_backend,
+    build_cuda_kernel,
+    build_metal_kernel,
     check_float,
     check_row_contiguous,
     check_span,
-    cuda_available,
-    kernel_source,
-    metal_available,
     threadgroup_for,
 )
 from nexus_mlx.kv.rope import RopeSpec, rope_tables, rotate
@@ -175,28 +174,14 @@ def metal_kernel() -> Any | None:
                     a, b, c, sn = x[ia], x[ib], cos_table[i], sin_table[i]
                     out[h, s, d] = T(a * c - b * sn if first else b * c + a * sn)
     """
-    if not metal_available():
-        return None
-    return mx.fast.metal_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=kernel_source("reanchor_write"),
-    )
+    return build_metal_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, "reanchor_write")
 
 
 @functools.cache
 def cuda_kernel() -> Any | None:
     """The CUDA twin of :func:`metal_kernel` (same inputs, grid and reference loop), or None
     unless MLX runs on CUDA. Checked only on an NVIDIA GPU (``pytest -m gpu``)."""
-    if not cuda_available():
-        return None
-    return mx.fast.cuda_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=CUDA_SOURCE,
-    )
+    return build_cuda_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, CUDA_SOURCE)
 
 
 def kernel_launch(

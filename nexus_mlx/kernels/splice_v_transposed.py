@@ -50,12 +50,12 @@ from nexus_mlx.kernels import (
     SpliceDeclined,
     SpliceLayoutError,
     active_backend,
+    build_cuda_kernel,
+    build_metal_kernel,
     check_float,
     check_row_contiguous,
     check_span,
     cuda_available,
-    kernel_source,
-    metal_available,
     threadgroup_for,
     unified_memory,
 )
@@ -119,28 +119,14 @@ def metal_kernel() -> Any | None:
                 for s in range(S):
                     out[h, d, s] = T(float(block_v[h, s, d]))
     """
-    if not metal_available():
-        return None
-    return mx.fast.metal_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=kernel_source("splice_v_transposed"),
-    )
+    return build_metal_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, "splice_v_transposed")
 
 
 @functools.cache
 def cuda_kernel() -> Any | None:
     """The CUDA twin of :func:`metal_kernel` (same inputs, grid and reference loop), or None
     unless MLX runs on CUDA. Checked only on an NVIDIA GPU (``pytest -m gpu``)."""
-    if not cuda_available():
-        return None
-    return mx.fast.cuda_kernel(
-        name=KERNEL_NAME,
-        input_names=list(INPUT_NAMES),
-        output_names=list(OUTPUT_NAMES),
-        source=CUDA_SOURCE,
-    )
+    return build_cuda_kernel(KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, CUDA_SOURCE)
 
 
 def kernel_launch(block_v: mx.array, dtype: mx.Dtype) -> dict[str, Any]:
