@@ -49,7 +49,6 @@ cache with an unrepaired splice seam would be served later as if it were exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,10 +56,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.errors import CacheError, CacheOverflowError, TokenError
+from nexus_mlx.errors import CacheError, CacheOverflowError
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.models.forward import TokenInput, token_ids
 
-TokenInput = Sequence[int] | np.ndarray | mx.array
 CommitAction = Literal["new", "extend", "evict", "dedup"]
 _GEOMETRY = ("rope_specs", "n_kv_heads", "head_dim", "dtype", "v_layout")
 
@@ -121,21 +120,6 @@ def _int_at_least(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise CacheError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _token_ids(tokens: TokenInput, vocab_size: int) -> np.ndarray:
-    """Validated token ids as ``(T,)`` int64 (shape ``(T,)`` or ``(1, T)``, T >= 1)."""
-    arr = np.asarray(tokens)
-    if arr.ndim == 2 and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.ndim != 1 or arr.shape[0] == 0:
-        raise TokenError(f"tokens must have shape (T,) or (1, T) with T >= 1, got {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TokenError(f"token ids must be integers, got dtype {arr.dtype}")
-    if arr.min() < 0 or arr.max() >= vocab_size:
-        bad = arr[(arr < 0) | (arr >= vocab_size)][0]
-        raise TokenError(f"token id {int(bad)} is outside the vocabulary [0, {vocab_size})")
-    return arr.astype(np.int64)
 
 
 class RadixArena:
@@ -257,7 +241,7 @@ class RadixArena:
 
     def lookup(self, tokens: TokenInput) -> Match:
         """The slot sharing the longest exact-token prefix with ``tokens``. Changes nothing."""
-        return self._best(self._prefix_lengths(_token_ids(tokens, self.vocab_size)))
+        return self._best(self._prefix_lengths(token_ids(tokens, self.vocab_size)))
 
     # ---- checkout -----------------------------------------------------------------------
     def _rows(self, slot: int, layer: int, n: int) -> tuple[mx.array, mx.array]:
@@ -280,7 +264,7 @@ class RadixArena:
         ``into`` (same geometry) is emptied and reused instead of allocating a new cache; room
         for ``len(tokens)`` rows is reserved either way. At least ``min_remainder`` tokens are
         left to prefill."""
-        ids = _token_ids(tokens, self.vocab_size)
+        ids = token_ids(tokens, self.vocab_size)
         keep = _int_at_least("min_remainder", min_remainder, 0)
         match = self._best(self._prefix_lengths(ids))
         reuse = max(0, min(match.prefix_len, ids.size - keep))

@@ -55,7 +55,8 @@ def compute_dtype(model: nn.Module) -> mx.Dtype:
     return embed.scales.dtype if "scales" in embed else embed.weight.dtype
 
 
-def _as_token_array(tokens: TokenInput, vocab_size: int) -> mx.array:
+def token_ids(tokens: TokenInput, vocab_size: int) -> np.ndarray:
+    """Validated token ids as ``(T,)`` int64 (shape ``(T,)`` or ``(1, T)``, T >= 1)."""
     arr = np.asarray(tokens)
     if arr.ndim == 2 and arr.shape[0] == 1:
         arr = arr[0]
@@ -66,7 +67,7 @@ def _as_token_array(tokens: TokenInput, vocab_size: int) -> mx.array:
     if arr.min() < 0 or arr.max() >= vocab_size:
         bad = arr[(arr < 0) | (arr >= vocab_size)][0]
         raise TokenError(f"token id {int(bad)} is outside the vocabulary [0, {vocab_size})")
-    return mx.array(arr.astype(np.int32))
+    return arr.astype(np.int64)
 
 
 def attention_mask(
@@ -224,7 +225,7 @@ def forward_hidden(
     depth = plan.num_layers if num_layers is None else num_layers
     if not 0 <= depth <= plan.num_layers:
         raise PositionError(f"num_layers {num_layers} is outside [0, {plan.num_layers}]")
-    toks = _as_token_array(tokens, plan.vocab_size)
+    toks = mx.array(token_ids(tokens, plan.vocab_size).astype(np.int32))
     t = toks.shape[0]
     if positions is None:
         pos = np.arange(cache.next_position, cache.next_position + t, dtype=np.int64)
