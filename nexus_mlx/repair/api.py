@@ -78,6 +78,7 @@ def repair(
     s = edit.suffix_length(cache)
     b = budget_tokens(s, budget)
     timings: dict[str, float] = {}
+    cache.evaluate()  # pending lazy work on the input cache is not the repair's cost
 
     start = time.perf_counter()
     shifted = shift(cache, edit)

@@ -117,7 +117,7 @@ def calibrate(
         margins.append(margin(scores))
         a, b = tools[idx[0]], tools[idx[1]]
         cos = float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12))
-        if cos >= threshold:
+        if cos >= threshold - 1e-6:  # tolerance: the same cosine computed two ways
             adversarial.append(margins[-1])
     if not adversarial:
         raise CalibrationError("no adversarial queries (top-2 near-duplicates) in the calibration set")

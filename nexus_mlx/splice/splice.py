@@ -17,7 +17,8 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())``
 Paths reported in :class:`SpliceResult`: ``anchored`` (exact, nothing recomputed), ``bare``
 (``curve=None``: no repair), ``repaired`` (R% of the block recomputed), ``prefill`` (R = 100%),
 ``declined`` (the back-end cannot do the transposed-V copy safely: the block was prefilled as
-text instead — never silently). Timings are per stage, in seconds.
+text instead — never silently). Timings are per stage, in seconds (pending lazy work on the input cache is evaluated before
+the clock starts).
 
 It evaluates arrays (it is an executor). It does not choose blocks or know about routing.
 """
@@ -106,6 +107,7 @@ def splice(
 ) -> SpliceResult:
     """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
     timings: dict[str, float] = {}
+    cache.evaluate()  # pending lazy work on the cache is not the splice's cost
     start = time.perf_counter()
     validate_block(block, model)
     _check_curve(curve, query, tokenizer)
