@@ -1,0 +1,47 @@
+"""Matplotlib helpers for the benchmark figures (headless: the Agg backend).
+
+Contract: ``figure(ncols)`` returns a new figure and its axes; ``save(fig, name, quick)`` writes
+``results/<name>.png`` (``results/quick/<name>.png`` with ``--quick``), next to the JSON that
+``common.emit`` writes, closes the figure and returns the path. ``error_bars`` turns medians and
+``[lo, hi]`` intervals into the asymmetric error array matplotlib wants.
+
+matplotlib is imported here only, so scripts import this module after ``common``. It does not
+know what a benchmark measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (after selecting the backend)
+import numpy as np  # noqa: E402
+from common import result_path  # noqa: E402
+
+
+def figure(ncols: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Any, Any]:
+    """A figure with ``ncols`` side-by-side axes (one axes object when ``ncols == 1``)."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=True)
+    return fig, axes
+
+
+def error_bars(medians: Sequence[float], cis: Sequence[Sequence[float]]) -> np.ndarray:
+    """``(2, N)`` distances from each median down to ``lo`` and up to ``hi``."""
+    med = np.asarray(medians, dtype=np.float64)
+    ci = np.asarray(cis, dtype=np.float64).reshape(-1, 2)
+    return np.stack([np.maximum(med - ci[:, 0], 0.0), np.maximum(ci[:, 1] - med, 0.0)])
+
+
+def save(fig: Any, name: str, quick: bool) -> Path:
+    """Write ``fig`` as the PNG beside the benchmark's JSON and close it."""
+    path = result_path(name, quick).with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
