@@ -1,0 +1,198 @@
+"""Erasing-NIAH: every repair allocator at budgets 2-80% against Dirty/Shift/Replay/Re-prefill.
+
+Cases come from ``nexus_mlx.repair.niah`` (seeded; deleting the latest correction of a key
+reverts its answer). Per case: the context ``p + e + s`` is prefilled, the edit applied by each
+arm, then the query (question, assistant header, answer prefix) is fed and greedily continued.
+Per arm: EM (the parsed number equals the post-deletion gold), KL(p_reprefill || p_arm) at the
+answer position (the first digit), top-1 agreement with Re-prefill's greedy answer over its
+tokens (teacher-forced), and the mean relative K/V deviation of the suffix rows from Replay's
+cache (``repair_metrics``). Allocators score relevance against the question text. Allocator
+names missing from the registry are skipped and listed under ``missing``.
+JSON: {"model", "n_cases", "references": {name: {"em", "kl", "agree", "kv_dev"}},
+       "allocators": {name: {budget: {"em", "kl", "agree", "kv_dev", "repair_s"}}}, "missing"}
+Options: --cases N, --allocators a,b (or "none"), --budgets 2,5, --references a,b,
+--lengths 1024,2048, --out NAME (results file name). PNG: results/<out>.png.
+"""
+
+from __future__ import annotations
+
+from common import ROOT, arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+
+import time
+
+import numpy as np
+
+from nexus_mlx import load
+from nexus_mlx.repair import dirty, repair, replay, shift
+from nexus_mlx.repair.allocators import ALLOCATORS, _load_builtin
+from nexus_mlx.repair.niah import NiahSpec, niah_cases, score
+from repair_metrics import answer_logprobs, evaluate_arm, greedy, kv_deviation, prefill
+
+ALLOCATOR_NAMES = (
+    "sur", "dense_tokens", "single_window", "bm25_units", "random_units", "prophetkv", "infoflow",
+    "cachecraft", "cacheblend", "a3", "cachetune", "speccache", "legolink", "oracle",
+)
+REFERENCES = ("dirty", "shift", "replay", "reprefill")
+BUDGETS = (2, 5, 10, 20, 40, 80)
+MAX_ANSWER = 6  # four digits, a period, end of turn
+
+
+def _csv(text: str | None, default, cast=str):
+    if text is None:
+        return list(default)
+    if text.strip().lower() in ("", "none"):
+        return []
+    return [cast(x) for x in text.split(",") if x.strip()]
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _boot_ci(values: list[float], n_boot: int = 2000, seed: int = 0) -> list[float]:
+    arr = np.asarray(values, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, arr.size, size=(n_boot, arr.size))
+    means = arr[idx].mean(axis=1)
+    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
+
+
+def summarize(rows: list[dict[str, float]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key in rows[0]:
+        vals = [r[key] for r in rows if r[key] is not None]
+        out[key] = _mean(vals)
+    out["em_ci"] = _boot_ci([r["em"] for r in rows])
+    out["n"] = len(rows)
+    return out
+
+
+def plot(result: dict[str, object], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    allocs: dict = result["allocators"]  # type: ignore[assignment]
+    for name, by_budget in allocs.items():
+        budgets = sorted(by_budget, key=float)
+        xs = [float(b) for b in budgets]
+        for ax, metric in zip(axes, ("em", "kl", "kv_dev"), strict=True):
+            ax.plot(xs, [by_budget[b][metric] for b in budgets], marker="o", ms=3, label=name)
+    refs: dict = result["references"]  # type: ignore[assignment]
+    styles = {"dirty": "r:", "shift": "k--", "replay": "g-.", "reprefill": "b-"}
+    for name, vals in refs.items():
+        for ax, metric in zip(axes, ("em", "kl", "kv_dev"), strict=True):
+            if vals.get(metric) is not None and not (metric == "kl" and vals[metric] <= 0):
+                ax.axhline(vals[metric], ls=styles[name][1:], color=styles[name][0], lw=1,
+                           label=f"{name} (ref)")
+    axes[0].set(xscale="log", xlabel="budget (%)", ylabel="exact match", title="EM")
+    axes[1].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="nats",
+                title="KL(re-prefill || arm) at the answer position")
+    axes[2].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="relative deviation",
+                title="suffix K/V deviation from Replay")
+    axes[0].legend(fontsize=6, ncol=2)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Erasing-NIAH, {result['n_cases']} cases, {result['model']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_case(model, tokenizer, case, references, names, budgets, stop):
+    """Rows for one case: ({reference: row}, {allocator: {budget: row}}, whether Dirty gave
+    the deleted value (None without Dirty), Re-prefill's answer text)."""
+    edit, query = case.edit, case.query
+    question = tokenizer.encode(case.question, add_special_tokens=False)
+    gold = prefill(model, np.concatenate([case.tokens[: edit.p0], case.tokens[edit.p1 :]]))
+    ref_answer = greedy(model, gold, query, MAX_ANSWER, stop)
+    ref_logp = answer_logprobs(model, gold, query, ref_answer)
+    needs_dirty = bool(names) or any(r != "reprefill" for r in references)
+    cache = prefill(model, case.tokens) if needs_dirty else gold
+    replayed = replay(model, cache, edit) if needs_dirty else gold
+
+    def evaluate(arm_cache, kv_ref=True):
+        ev = evaluate_arm(model, arm_cache, query, ref_answer, ref_logp, MAX_ANSWER, stop)
+        text = tokenizer.decode(ev.tokens)
+        return {
+            "em": float(score(text, case.answer)), "kl": ev.kl, "agree": ev.agree,
+            "kv_dev": kv_deviation(arm_cache, replayed, edit.p0) if kv_ref else None,
+        }, text
+
+    arms = {"dirty": lambda: dirty(cache, edit), "shift": lambda: shift(cache, edit),
+            "replay": lambda: replayed, "reprefill": lambda: gold}
+    refs, deleted = {}, None
+    for name in references:
+        refs[name], text = evaluate(arms[name](), kv_ref=name != "dirty")
+        if name == "dirty":
+            deleted = float(score(text, case.deleted_answer))
+    allocs: dict[str, dict[float, dict]] = {}
+    for name in names:
+        allocs[name] = {}
+        for b in budgets:
+            result = repair(model, cache, edit, question, b, name, tokenizer=tokenizer)
+            row, _ = evaluate(result.cache)
+            row["repair_s"] = sum(result.timings.values())
+            allocs[name][b] = row
+    return refs, allocs, deleted, tokenizer.decode(ref_answer)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=None)
+    parser.add_argument("--allocators", default=None)
+    parser.add_argument("--budgets", default=None)
+    parser.add_argument("--references", default=None)
+    parser.add_argument("--lengths", default=None)
+    parser.add_argument("--out", default="repair_niah")
+    args = parser.parse_args()
+    quick = args.quick
+    n_cases = args.cases if args.cases is not None else (1 if quick else 96)
+    budgets = _csv(args.budgets, (5,) if quick else BUDGETS, float)
+    lengths = tuple(_csv(args.lengths, (512,) if quick else NiahSpec().lengths, int))
+    references = _csv(args.references, REFERENCES)
+    wanted = _csv(args.allocators, ALLOCATOR_NAMES)
+    _load_builtin()
+    names = [a for a in wanted if a in ALLOCATORS]
+    missing = [a for a in wanted if a not in ALLOCATORS]
+
+    model, tokenizer = load("default")
+    stop = set(tokenizer.eos_token_ids)
+    spec = NiahSpec(n_cases=n_cases, lengths=lengths)
+    ref_rows: dict[str, list] = {r: [] for r in references}
+    alloc_rows: dict[str, dict[float, list]] = {a: {b: [] for b in budgets} for a in names}
+    dirty_deleted: list[float] = []
+    start = time.perf_counter()
+    for case in niah_cases(tokenizer, spec):
+        refs, allocs, deleted, ref_text = run_case(model, tokenizer, case, references, names,
+                                                   budgets, stop)
+        for name, row in refs.items():
+            ref_rows[name].append(row)
+        for name, by_b in allocs.items():
+            for b, row in by_b.items():
+                alloc_rows[name][b].append(row)
+        if deleted is not None:
+            dirty_deleted.append(deleted)
+        print(f"case {case.index}: {case.n_tokens} tokens, re-prefill answer {ref_text!r} "
+              f"(gold {case.answer}), {time.perf_counter() - start:.0f} s", flush=True)
+
+    result: dict[str, object] = {
+        "model": "default (SmolLM2-135M-Instruct, float32)",
+        "n_cases": n_cases,
+        "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
+        "references": {r: summarize(rows) for r, rows in ref_rows.items()},
+        "allocators": {a: {f"{b:g}": summarize(rows) for b, rows in by_b.items()}
+                       for a, by_b in alloc_rows.items()},
+        "missing": missing,
+        "dirty_answers_deleted_value": _mean(dirty_deleted),
+        "seconds": time.perf_counter() - start,
+    }
+    out = ROOT / "results" / ("quick" if quick else "")
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / f"{args.out}.png")
+    emit(args.out, result, quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Multi-hop QA after deleting an inserted passage: allocators at 2% / 5% vs Shift/Replay/Re-prefill.
+
+Cases come from ``nexus_mlx.repair.multihop`` (HotpotQA and MuSiQue, 50 each by default): one
+non-supporting passage inserted before, between or after the supporting evidence is cached,
+then deleted, and the question answered (greedy, up to 16 tokens, first line). Per method:
+normalized EM against the gold answers, agreement with Re-prefill's normalized answer, and the
+mean post-edit latency (selection + shift + refresh + answer; Re-prefill: prefill of p + s +
+answer), each timed from the dirty cache, methods interleaved in a rotating order per case.
+CIs: paired bootstrap over questions (the same resampled questions for every method), for EM,
+agreement, latency, the EM difference to Re-prefill and the speedup over Re-prefill.
+JSON: {"rows": [{"method", "budget", "em", "agree", "latency_s", ...CIs}], "n_cases", ...}.
+Options: --data PATH (repeatable; default both shared files), --cases N (per file),
+--methods a,b, --budgets 2,5. PNG: results/repair_qa.png.
+"""
+
+from __future__ import annotations
+
+from common import ROOT, arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nexus_mlx import load
+from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.repair import repair, replay, shift
+from nexus_mlx.repair.allocators import ALLOCATORS, _load_builtin
+from nexus_mlx.repair.multihop import build_case, exact_match, load_items, normalize_answer, prediction_text
+from repair_metrics import prefill
+
+DATA = ROOT.parent / "shared" / "data" / "multihop"
+DEFAULT_FILES = (DATA / "hotpotqa_dev50.json", DATA / "musique_dev50.json")
+ALLOCATOR_NAMES = ("sur", "bm25_units", "cacheblend", "infoflow", "prophetkv")
+BUDGETS = (2, 5)
+MAX_ANSWER = 16
+N_BOOT = 2000
+
+
+def _answer(model, cache, query, stop) -> list[int]:
+    """Greedy answer after ``query``, written into ``cache`` (it is not reused)."""
+    return list(generate_tokens(model, [int(t) for t in query], cache, max_tokens=MAX_ANSWER,
+                                eos_token_ids=stop))
+
+
+def run_method(model, tokenizer, case, cache, method: str, budget: float | None, stop):
+    """(answer text, seconds) for one method from the dirty ``cache`` (left unchanged)."""
+    edit = case.edit
+    question = tokenizer.encode(case.question, add_special_tokens=False)
+    start = time.perf_counter()
+    if method == "reprefill":
+        repaired = prefill(model, np.concatenate([case.tokens[: edit.p0], case.tokens[edit.p1 :]]))
+    elif method == "shift":
+        repaired = shift(cache, edit)
+        repaired.evaluate()
+    elif method == "replay":
+        repaired = replay(model, cache, edit)
+    else:
+        repaired = repair(model, cache, edit, question, budget, method, tokenizer=tokenizer).cache
+    tokens = _answer(model, repaired, case.query, stop)
+    seconds = time.perf_counter() - start
+    return tokenizer.decode(tokens), seconds
+
+
+def paired_bootstrap(table: dict[str, dict[str, np.ndarray]], ref: str, seed: int = 0):
+    """95% intervals for every method's mean EM, agreement, latency, EM - EM_ref and speedup."""
+    n = len(next(iter(table.values()))["em"])
+    idx = np.random.default_rng(seed).integers(0, n, size=(N_BOOT, n))
+    ref_lat = table[ref]["latency"][idx].mean(axis=1)
+    ref_em = table[ref]["em"][idx].mean(axis=1)
+    out = {}
+    for name, cols in table.items():
+        em = cols["em"][idx].mean(axis=1)
+        lat = cols["latency"][idx].mean(axis=1)
+        q = lambda a: [float(np.quantile(a, 0.025)), float(np.quantile(a, 0.975))]  # noqa: E731
+        out[name] = {"em_ci": q(em), "agree_ci": q(cols["agree"][idx].mean(axis=1)),
+                     "latency_s_ci": q(lat), "em_diff_ci": q(em - ref_em),
+                     "speedup_ci": q(ref_lat / lat)}
+    return out
+
+
+def plot(rows: list[dict[str, object]], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["method"] + (f" {r['budget']:g}%" if r["budget"] is not None else "") for r in rows]
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for offset, key, name in ((-0.2, "em", "EM"), (0.2, "agree", "agreement with re-prefill")):
+        vals = [r[key] for r in rows]
+        err = np.array([[r[key] - r[f"{key}_ci"][0], r[f"{key}_ci"][1] - r[key]] for r in rows]).T
+        axes[0].bar(x + offset, vals, width=0.4, yerr=err, capsize=2, label=name)
+    axes[0].set(ylabel="fraction", title="multi-hop QA after deleting a passage", ylim=(0, 1.05))
+    axes[0].legend(fontsize=8)
+    lat = [r["latency_s"] for r in rows]
+    err = np.array([[r["latency_s"] - r["latency_s_ci"][0], r["latency_s_ci"][1] - r["latency_s"]]
+                    for r in rows]).T
+    axes[1].bar(x, lat, yerr=err, capsize=2, color="tab:gray")
+    axes[1].set(ylabel="seconds (mean)", title="post-edit latency (repair + answer)")
+    for ax in axes:
+        ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0])
+    parser.add_argument("--data", action="append", default=None, help="HotpotQA/MuSiQue JSON")
+    parser.add_argument("--cases", type=int, default=None, help="questions per file")
+    parser.add_argument("--methods", default=None, help="allocators (default the five)")
+    parser.add_argument("--budgets", default=None)
+    args = parser.parse_args()
+    files = [Path(p) for p in args.data] if args.data else list(DEFAULT_FILES[:1] if args.quick
+                                                                  else DEFAULT_FILES)
+    per_file = args.cases if args.cases is not None else (1 if args.quick else 50)
+    budgets = ([float(b) for b in args.budgets.split(",")] if args.budgets
+               else [5.0] if args.quick else list(BUDGETS))
+    wanted = args.methods.split(",") if args.methods else list(ALLOCATOR_NAMES)
+    _load_builtin()
+    allocators = [a for a in wanted if a in ALLOCATORS]
+    missing = [a for a in wanted if a not in ALLOCATORS]
+    methods: list[tuple[str, float | None]] = [(a, b) for a in allocators for b in budgets]
+    methods += [("shift", None), ("replay", None), ("reprefill", None)]
+
+    model, tokenizer = load("default")
+    stop = set(tokenizer.eos_token_ids) | {tokenizer.encode(t, add_special_tokens=False)[0]
+                                           for t in ("\n", "\n\n")}
+    cases = []
+    for path in files:
+        items = load_items(path)[:per_file]
+        cases += [build_case(tokenizer, item, i) for i, item in enumerate(items)]
+    preds: dict[tuple[str, float | None], list[str]] = {m: [] for m in methods}
+    seconds: dict[tuple[str, float | None], list[float]] = {m: [] for m in methods}
+    start = time.perf_counter()
+    for k, case in enumerate(cases):
+        cache = prefill(model, case.tokens)
+        order = methods[k % len(methods):] + methods[: k % len(methods)]
+        for method, budget in order:
+            text, sec = run_method(model, tokenizer, case, cache, method, budget, stop)
+            preds[(method, budget)].append(prediction_text(text))
+            seconds[(method, budget)].append(sec)
+        ref = preds[("reprefill", None)][-1]
+        print(f"{case.dataset} {k}: {case.n_tokens} tokens ({case.placement}), re-prefill "
+              f"{ref!r} gold {case.answers[0]!r}, {time.perf_counter() - start:.0f} s", flush=True)
+
+    ref_key = ("reprefill", None)
+    table = {}
+    for m in methods:
+        em = np.array([exact_match(p, c.answers) for p, c in zip(preds[m], cases, strict=True)])
+        agree = np.array([float(normalize_answer(p) == normalize_answer(r))
+                          for p, r in zip(preds[m], preds[ref_key], strict=True)])
+        table[f"{m[0]}@{m[1]}"] = {"em": em, "agree": agree, "latency": np.array(seconds[m])}
+    cis = paired_bootstrap(table, f"{ref_key[0]}@{ref_key[1]}")
+    ref_cols = table[f"{ref_key[0]}@{ref_key[1]}"]
+    rows = []
+    for m in methods:
+        cols = table[f"{m[0]}@{m[1]}"]
+        rows.append({
+            "method": m[0], "budget": m[1], "em": float(cols["em"].mean()),
+            "agree": float(cols["agree"].mean()), "latency_s": float(cols["latency"].mean()),
+            "latency_s_median": float(np.median(cols["latency"])),
+            "em_diff_vs_reprefill": float(cols["em"].mean() - ref_cols["em"].mean()),
+            "speedup_vs_reprefill": float(ref_cols["latency"].mean() / cols["latency"].mean()),
+            **cis[f"{m[0]}@{m[1]}"],
+            "em_by_dataset": {d: float(np.mean([e for e, c in zip(cols["em"], cases, strict=True)
+                                                if c.dataset == d]))
+                              for d in sorted({c.dataset for c in cases})},
+        })
+    out = ROOT / "results" / ("quick" if args.quick else "")
+    out.mkdir(parents=True, exist_ok=True)
+    plot(rows, out / "repair_qa.png")
+    emit("repair_qa", {
+        "model": "default (SmolLM2-135M-Instruct, float32)", "n_cases": len(cases),
+        "files": [str(p) for p in files], "missing": missing, "rows": rows,
+        "mean_context_tokens": float(np.mean([c.n_tokens for c in cases])),
+        "seconds": time.perf_counter() - start,
+    }, args.quick)
+
+
+if __name__ == "__main__":
+    main()

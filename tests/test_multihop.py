@@ -1,0 +1,130 @@
+"""Multi-hop QA repair cases on the real HotpotQA / MuSiQue files (skipped when absent) and
+SQuAD-style normalized exact match (tokenizer only, no forward passes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nexus_mlx.repair.multihop import (
+    PLACEMENTS,
+    QASpec,
+    build_case,
+    build_cases,
+    exact_match,
+    load_items,
+    normalize_answer,
+    passage_text,
+    prediction_text,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multihop"
+FILES = {"hotpotqa": DATA / "hotpotqa_dev50.json", "musique": DATA / "musique_dev50.json"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model):
+    return default_model[1]
+
+
+@pytest.fixture(scope="module", params=sorted(FILES))
+def dataset(request):
+    path = FILES[request.param]
+    if not path.exists():
+        pytest.skip(f"{path} is not present")
+    return request.param, load_items(path)
+
+
+def test_loading(dataset):
+    name, items = dataset
+    assert len(items) == 50 and all(item.dataset == name for item in items)
+    for item in items:
+        assert item.question and item.answers and item.answers[0]
+        assert any(p.supporting for p in item.passages)
+        assert any(not p.supporting for p in item.passages)
+
+
+def test_cases_are_well_formed(tokenizer, dataset):
+    _, items = dataset
+    cases = build_cases(tokenizer, items)
+    placements = set()
+    for index, (item, case) in enumerate(zip(items, cases, strict=True)):
+        p0, p1 = case.edit.p0, case.edit.p1
+        assert 0 < p0 < p1 < case.n_tokens
+        assert tokenizer.decode(case.tokens[p0:p1].tolist()) == case.e_text
+        assert tokenizer.decode(np.r_[case.tokens[:p0], case.tokens[p1:]].tolist()) == \
+            case.p_text + case.s_text
+        inserted = [p for p in item.passages if passage_text(p) == case.e_text]  # titles repeat
+        assert inserted and not any(p.supporting for p in inserted)
+        assert inserted[0].title == case.inserted_title
+        kept = case.p_text + case.s_text
+        support = [p for p in item.passages if p.supporting]
+        spots = [kept.index(passage_text(p)) for p in support]
+        assert spots == sorted(spots)  # all supporting evidence stays, in order
+        before = sum(s < len(case.p_text) for s in spots)
+        expected = PLACEMENTS[index % 3]
+        if expected == "between" and len(support) < 2:
+            expected = "after"
+        assert case.placement == expected
+        assert {"before": before == 0, "between": 0 < before < len(support),
+                "after": before == len(support)}[case.placement]
+        assert case.s_text  # the suffix is never empty
+        assert tokenizer.decode(case.query.tolist()).startswith(f"Question: {item.question}")
+        placements.add(case.placement)
+    assert placements == set(PLACEMENTS)
+
+
+def test_builder_is_deterministic(tokenizer, dataset):
+    _, items = dataset
+    a, b = build_case(tokenizer, items[3], 3), build_case(tokenizer, items[3], 3)
+    assert np.array_equal(a.tokens, b.tokens) and a.edit == b.edit
+    other = build_case(tokenizer, items[3], 3, QASpec(seed=1))
+    assert (other.inserted_title, other.edit) != (a.inserted_title, a.edit) or \
+        not np.array_equal(other.tokens, a.tokens)
+
+
+def test_load_rejects_other_formats(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"question": "q", "answer": "a"}]))
+    with pytest.raises(ValueError, match="neither HotpotQA"):
+        load_items(bad)
+    bad.write_text("[]")
+    with pytest.raises(ValueError, match="non-empty"):
+        load_items(bad)
+    with pytest.raises(ValueError):
+        QASpec(kept_distractors=1)
+
+
+# ---- normalized exact match ----------------------------------------------------------------
+@pytest.mark.parametrize("text, norm", [
+    ("The Anglican Communion.", "anglican communion"),
+    ("  Columbus,   Ohio ", "columbus ohio"),
+    ("an apple a day", "apple day"),
+    ("G. Stanley Hall", "g stanley hall"),
+    ("Theater", "theater"),  # articles only as whole words
+    ("", ""),
+])
+def test_normalize_answer(text, norm):
+    assert normalize_answer(text) == norm
+
+
+def test_exact_match():
+    assert exact_match("the Anglican communion", ("the Anglican Communion",)) == 1.0
+    assert exact_match("Stanley Hall", ("G. Stanley Hall", "Stanley Hall")) == 1.0  # aliases
+    assert exact_match("Hall", ("G. Stanley Hall", "Stanley Hall")) == 0.0
+    assert exact_match("6.8 inches", "6.8 inches") == 1.0 and exact_match("68 inches", "6.8") == 0.0
+    assert exact_match("", ("yes",)) == 0.0
+
+
+def test_prediction_text():
+    assert prediction_text(" Jack Owens\n") == "Jack Owens"
+    assert prediction_text("Answer: Jack Owens<|im_end|>") == "Jack Owens"
+    assert prediction_text("The answer is Latin.") == "Latin."
+    assert prediction_text(" No, they are not both airports.") == "No"
+    assert prediction_text("Yes.") == "Yes" and prediction_text("Nolan") == "Nolan"
+    assert prediction_text("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n\n 35\n1") == "35"
+    assert prediction_text("<|im_end|>") == ""
+    assert exact_match(prediction_text(" No, Christopher Nolan is not"), ("no",)) == 1.0
