@@ -1,0 +1,723 @@
+"""Benchmark: end-to-end tool-routing accuracy against registry size (paper 1, routing table).
+
+Contract: ``python bench/routing_accuracy.py [--quick] [--registry PATH] [--queries PATH]
+[--sizes 10,50,...]`` routes every query against registries of N tools: its gold tool plus N - 1
+distractors drawn from the whole pool (seed ``--seed``, query index and N; gold at a random
+position), the same draw for every method; N = pool size is the whole pool in file order. The
+registry is a Seal-Tools ``tool.jsonl`` or an MCP-style ``tools.json``; queries are Seal-Tools
+``dev.jsonl`` rows with one gold call (the ``dev-easy`` ones; gold names through
+``sanitize_name``) or ``{"query", "tool", "arguments"}`` lines (``bench/github_queries.jsonl``).
+
+Per N it reports, over the same queries:
+
+- ``accuracy`` (Wilson 95% ``ci``): the library ``Router`` end to end: SLB top-k scan (INT8),
+  margin gate with ``tau`` from ``calibrate(slb)`` on that very registry (its tools' own texts as
+  the stand-in queries: the library default, no test query is looked at), and the reranker on
+  escalated queries only;
+- ``top1_recall`` / ``top3_recall``: the SLB scan alone; ``fire_rate``: share escalated;
+- ``oracle``: the concatenate-all-schemas baseline: the LLM reads all N tools' full JSON schemas
+  and the request, and each tool name is scored as in ``LLMReranker`` (mean log-probability as
+  the continuation of ``"Tool: "``). ``"overflow"`` when the prompt does not fit SmolLM2's 8,192
+  token window; run on the first ``--oracle-n`` queries only (it costs minutes per query here),
+  and not run (recorded with its prompt length) above ``--oracle-max-tokens``.
+
+Rerankers (``--rerankers``, the first one gives ``accuracy``): ``ql`` is query likelihood (this
+file's :class:`QueryLikelihoodReranker`: the LLM's mean log-probability of the request written
+after each candidate's ``"name words: description"``; per-tool prompt caches are reused);
+``listing`` is the library's :class:`~nexus_mlx.routing.rerank.LLMReranker` (pick a name from
+a list of IR signatures); ``none`` is the SLB top-1. Tool text (``--text``): ``name_desc``
+(``"name: description"``, the baseline's), ``params`` (the registry's
+``text_for_embedding``: plus parameter names) or ``words_params`` (identifiers split into
+lower-case words: ``getHealthWorkforce`` -> ``get health workforce``, plus parameter names);
+``--query-prefix`` is prepended to queries before embedding. The defaults (``words_params``,
+``"query: "``) were chosen on the held-out Seal-Tools ``dev-difficult`` queries, not on the
+queries scored here. Without ``--quick`` a lever sweep (SLB top-1/top-3 by fp32 scan for every
+text x prefix pair, same draws) is added. Pool embeddings are computed once per text and cached
+on disk (``--cache``); per-N buffers are filled from them with ``SemanticLookasideBuffer.add``.
+
+``--quick`` (< 1 min): 6 queries, the pool cut to their gold tools plus random ones (150 in
+all), N in {10, pool}, the oracle on one query at N = 10 if its prompt is <= 2,048 tokens. JSON:
+``{"config", "pool", "n_queries", "cells": [{"N", "accuracy", "ci", "top1_recall",
+"top3_recall", "fire_rate", "oracle", ...}], "levers", "timing_s"}`` in
+``results/routing_accuracy[_<tag>].json`` (``--tag``; ``results/quick/`` with ``--quick``),
+a PNG beside it, and the JSON as the last stdout line.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
+
+from common import ROOT, arg_parser, emit  # noqa: I001  (loads nexus_mlx before mlx)
+
+import hashlib
+import json
+import math
+import re
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+import nexus_mlx
+from nexus_mlx.agent.registry import ToolRegistry, load_tools, text_for_embedding
+from nexus_mlx.agent.tools import Tool, sanitize_name
+from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.routing import Embedder
+from nexus_mlx.routing.gate import Calibration, calibrate
+from nexus_mlx.routing.rerank import ANSWER_PREFIX, INSTRUCTION, LLMReranker
+from nexus_mlx.routing.router import Router
+from nexus_mlx.routing.slb import SemanticLookasideBuffer
+
+NAME = "routing_accuracy"
+DATA = ROOT.parent / "shared" / "data"
+SEAL_TOOLS = DATA / "seal-tools" / "tool.jsonl"
+SEAL_DEV = DATA / "seal-tools" / "dev.jsonl"
+GITHUB_TOOLS = DATA / "github-mcp" / "tools.json"
+GITHUB_QUERIES = ROOT / "bench" / "github_queries.jsonl"
+EMBEDDER_ID = "all-MiniLM-L6-v2"
+CONTEXT_WINDOW = 8192  # SmolLM2-135M-Instruct's max_position_embeddings
+DEFAULT_SIZES = "10,50,100,250,500,1000,2000,4076"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nexus-mlx-bench"
+QUICK_QUERIES, QUICK_POOL = 6, 150
+QUICK_ORACLE_TOKENS = 2048  # --quick runs the oracle only on prompts this short
+PREFILL_CHUNK = 512  # long oracle prompts are prefilled in chunks (bounded attention memory)
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout's last line is the result)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool texts and queries
+
+
+def split_words(identifier: str) -> str:
+    """``getHealthWorkforce`` / ``list_pull_requests`` -> ``get health workforce`` / ``list pull
+    requests``: camel case and ``_ - .`` separators become spaces, lower-cased."""
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", identifier)
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", text)
+    return " ".join(re.sub(r"[_\-.]+", " ", text).split()).lower()
+
+
+def words_params_text(tool: Tool) -> str:
+    """``"name words: description. Parameters: param words, ..."`` on one line."""
+    description = " ".join(tool.description.split())
+    text = f"{split_words(tool.name)}: {description}" if description else split_words(tool.name)
+    if tool.parameter_names:
+        stop = "" if not description or description[-1] in ".!?" else "."
+        text += f"{stop} Parameters: {', '.join(split_words(p) for p in tool.parameter_names)}."
+    return text
+
+
+def tool_prose(tool: Tool) -> str:
+    """What the query-likelihood reranker reads about a tool: ``"name words: description"``."""
+    description = " ".join(tool.description.split())
+    return f"{split_words(tool.name)}: {description}" if description else split_words(tool.name)
+
+
+TEXTS: dict[str, Callable[[Tool], str]] = {
+    "name_desc": lambda t: text_for_embedding(t, parameters=False),
+    "params": lambda t: text_for_embedding(t, parameters=True),
+    "words_params": words_params_text,
+}
+
+
+@dataclass(frozen=True)
+class Query:
+    """One request with its gold tool (a registry name) and the arguments it specifies."""
+
+    text: str
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+
+def load_queries(path: Path, registry: ToolRegistry) -> tuple[list[Query], int]:
+    """Single-call queries whose gold tool is in ``registry`` (file order), and how many were
+    skipped (multi-call rows, or a gold name the registry lacks)."""
+    queries, skipped = [], 0
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "calling" in row:  # Seal-Tools dev row
+            calls = row["calling"]
+            if len(calls) != 1:
+                skipped += 1
+                continue
+            query = Query(row["query"], sanitize_name(calls[0]["api"]),
+                          dict(calls[0].get("parameters") or {}), str(row.get("id", number)))
+        else:
+            query = Query(row["query"], row["tool"], dict(row.get("arguments") or {}),
+                          str(row.get("id", f"{path.stem}-{number}")))
+        if query.tool not in registry:
+            skipped += 1
+            continue
+        queries.append(query)
+    return queries, skipped
+
+
+def heldout_queries(path: Path) -> list[str]:
+    """Seal-Tools dev rows with several calls (``dev-difficult``): unlabeled calibration text."""
+    out = []
+    for line in path.read_text("utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if len(row.get("calling", [])) > 1:
+                out.append(row["query"])
+    return out
+
+
+def quick_pool(tools: list[Tool], queries: list[Query], size: int, seed: int) -> list[Tool]:
+    """The queries' gold tools plus seeded random others, ``size`` in all, in pool order."""
+    gold = {q.tool for q in queries}
+    rest = [i for i, t in enumerate(tools) if t.qualified_name not in gold]
+    rng = np.random.default_rng([seed, 7])
+    keep = set(rng.choice(rest, size=max(size - len(gold), 0), replace=False).tolist())
+    return [t for i, t in enumerate(tools) if i in keep or t.qualified_name in gold]
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings (cached on disk: the pool is embedded once per text)
+
+
+def embed_cached(
+    embedder: Embedder, texts: Sequence[str], kind: str, cache_dir: Path | None
+) -> np.ndarray:
+    """``embedder.embed(texts, kind=kind)``, read from ``cache_dir`` when computed before."""
+    key = hashlib.sha256(
+        json.dumps([EMBEDDER_ID, embedder.max_length, kind, list(texts)]).encode("utf-8")
+    ).hexdigest()[:32]
+    path = None if cache_dir is None else cache_dir / f"emb-{key}.npy"
+    if path is not None and path.is_file():
+        vectors = np.load(path)
+        if vectors.shape == (len(texts), embedder.dim):
+            return vectors
+    vectors = np.asarray(embedder.embed(list(texts), kind=kind), dtype=np.float32)  # (N, D)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, vectors)
+    return vectors
+
+
+class PrecomputedEmbedder:
+    """What ``Router`` calls: returns query vectors computed (with the prefix) beforehand."""
+
+    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
+        self.vectors = vectors
+
+    def embed(self, texts: Sequence[str], *, kind: str = "query") -> np.ndarray:
+        return np.stack([self.vectors[t] for t in texts])  # (B, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rerankers and the oracle
+
+QL_PROMPT = "Tool: {tool}\nWrite a request that a user might send to this tool."
+QL_ANSWER = "Request:"
+
+
+def chat_prompt(tokenizer: Any, user: str, answer_prefix: str) -> list[int]:
+    """Chat-template ids of one user message, the assistant turn opened with ``answer_prefix``."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, dict):
+        ids = ids["input_ids"]
+    return list(ids) + list(tokenizer.encode(answer_prefix, add_special_tokens=False))
+
+
+def continuation_logprobs(
+    model: Any, cache: NexusCache, last: mx.array, ids: Sequence[int]
+) -> np.ndarray:
+    """Log-probabilities of ``ids`` continuing a prefilled prompt (``cache`` is advanced)."""
+    logits = forward(model, list(ids), cache)  # (1, T, V)
+    stacked = mx.concatenate([last, logits[0, :-1]], axis=0)  # (T, V): predicts each id
+    logprobs = stacked - mx.logsumexp(stacked, axis=-1, keepdims=True)
+    return np.asarray(logprobs[mx.arange(len(ids)), mx.array(list(ids))])  # (T,)
+
+
+class QueryLikelihoodReranker:
+    """Ranks candidates by how likely the LLM finds the request after reading each tool.
+
+    Score of tool t for request q: mean log p(q | chat prompt ``QL_PROMPT`` with t's
+    ``tool_prose``, assistant turn opened with ``"Request:"``). Every candidate continues with
+    the same request tokens, so scores are comparable. A tool's prompt is prefilled once and
+    kept (LRU, ``max_prompts``); each (request, tool) score is memoised.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_prompts: int = 96) -> None:
+        self.model, self.tokenizer, self.max_prompts = model, tokenizer, max_prompts
+        self._prompts: OrderedDict[str, tuple[NexusCache, mx.array]] = OrderedDict()
+        self._scores: dict[tuple[str, str], float] = {}
+        self.calls = 0
+        self.scored = 0
+
+    def _prompt(self, tool: Tool) -> tuple[NexusCache, mx.array]:
+        key = tool.qualified_name
+        if key in self._prompts:
+            self._prompts.move_to_end(key)
+            return self._prompts[key]
+        ids = chat_prompt(self.tokenizer, QL_PROMPT.format(tool=tool_prose(tool)), QL_ANSWER)
+        cache = make_cache(self.model)
+        last = forward(self.model, ids, cache, logits="last")[0]  # (1, V)
+        mx.eval(last)
+        cache.evaluate()
+        self._prompts[key] = (cache, last)
+        if len(self._prompts) > self.max_prompts:
+            self._prompts.popitem(last=False)
+        return cache, last
+
+    def score(self, query: str, tool: Tool) -> float:
+        key = (query, tool.qualified_name)
+        if key not in self._scores:
+            cache, last = self._prompt(tool)
+            ids = self.tokenizer.encode(" " + query, add_special_tokens=False)
+            self._scores[key] = float(continuation_logprobs(self.model, cache.copy(), last,
+                                                            ids).mean())
+            self.scored += 1
+        return self._scores[key]
+
+    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
+        self.calls += 1
+        scored = [(t.qualified_name, self.score(query, t)) for t in tools]
+        return sorted(scored, key=lambda pair: -pair[1])  # stable: SLB order breaks ties
+
+
+class MemoReranker:
+    """Any reranker, memoised on (request, candidate names): draws at several N share work."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._memo: dict[tuple[str, tuple[str, ...]], list[tuple[str, float]]] = {}
+        self.calls = 0
+
+    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
+        self.calls += 1
+        key = (query, tuple(t.qualified_name for t in tools))
+        if key not in self._memo:
+            self._memo[key] = self.inner.rerank(query, tools)
+        return self._memo[key]
+
+
+def schema_line(tool: Tool) -> str:
+    """A tool's full definition as one JSON line (what concatenate-all puts in the prompt)."""
+    return json.dumps({"name": tool.qualified_name, "description": tool.description,
+                       "parameters": tool.input_schema}, ensure_ascii=False)
+
+
+class ConcatAllOracle(LLMReranker):
+    """``LLMReranker`` with every tool's full JSON schema in the prompt instead of signatures."""
+
+    def prompt_tokens(self, query: str, tools: Sequence[Tool]) -> list[int]:
+        listing = "\n".join(f"- {schema_line(t)}" for t in tools)
+        return chat_prompt(self.tokenizer, INSTRUCTION.format(tools=listing, query=query),
+                           ANSWER_PREFIX)
+
+    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
+        ids = self.prompt_tokens(query, tools)
+        cache = make_cache(self.model)
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            last = forward(self.model, ids[start:start + PREFILL_CHUNK], cache, logits="last")[0]
+            mx.eval(last)
+        cache.evaluate()
+        scored = [(t.qualified_name, self._name_logprob(cache.copy(), last, t.qualified_name))
+                  for t in tools]
+        return sorted(scored, key=lambda pair: -pair[1])
+
+
+def oracle_tokens(tokenizer: Any, tools: Sequence[Tool], query: str,
+                  line_tokens: dict[str, int]) -> int:
+    """Prompt length of the oracle plus its longest name; exact when the listing could fit,
+    else a lower bound from per-line token counts (enough to say "overflow")."""
+    bound = sum(line_tokens[t.qualified_name] for t in tools)
+    if bound > CONTEXT_WINDOW:
+        return bound
+    listing = "\n".join(f"- {schema_line(t)}" for t in tools)
+    ids = chat_prompt(tokenizer, INSTRUCTION.format(tools=listing, query=query), ANSWER_PREFIX)
+    longest = max(len(tokenizer.encode(t.qualified_name, add_special_tokens=False)) for t in tools)
+    return len(ids) + longest
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics and draws
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> list[float]:
+    """Wilson score 95% interval of a proportion k / n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = k / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def draw(pool_size: int, gold: int, n: int, seed: int, query_index: int) -> np.ndarray:
+    """Pool indices of one registry: the gold tool and ``n - 1`` distractors, gold at a random
+    position; the whole pool (in order) when ``n >= pool_size``. Depends only on its arguments."""
+    if n >= pool_size:
+        return np.arange(pool_size)
+    rng = np.random.default_rng([seed, n, query_index])
+    others = np.delete(np.arange(pool_size), gold)
+    picked = rng.choice(others, size=n - 1, replace=False)
+    return np.insert(picked, int(rng.integers(0, n)), gold)
+
+
+@dataclass
+class Setup:
+    """Everything the cells share: pool, vectors, queries, model and rerankers."""
+
+    tools: list[Tool]
+    index: dict[str, int]
+    vectors: np.ndarray  # (P, D) pool embeddings for the main text
+    queries: list[Query]
+    query_vectors: dict[str, np.ndarray]
+    rerankers: dict[str, Any]
+    oracle: ConcatAllOracle | None
+    line_tokens: dict[str, int]
+    tokenizer: Any
+    k: int
+    seed: int
+    calibration: str
+    heldout_vectors: np.ndarray | None = None
+
+
+def calibrate_registry(setup: Setup, slb: SemanticLookasideBuffer) -> Calibration:
+    """tau for this registry: its tools' texts as queries (default) or held-out queries."""
+    if setup.calibration == "heldout" and setup.heldout_vectors is not None:
+        return calibrate(slb, setup.heldout_vectors)
+    return calibrate(slb)
+
+
+def run_cell(setup: Setup, n: int, oracle_n: int, oracle_max_tokens: int) -> dict[str, Any]:
+    """Route every query at registry size ``n``; one cell of the table."""
+    pool = len(setup.tools)
+    dim = setup.vectors.shape[1]
+    shared: tuple[ToolRegistry, SemanticLookasideBuffer, Calibration] | None = None
+    rows: list[dict[str, Any]] = []
+    taus, cal_fire = [], []
+    oracle_rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for qi, query in enumerate(setup.queries):
+        gold = setup.index[query.tool]
+        idx = draw(pool, gold, n, setup.seed, qi)
+        if shared is not None:
+            registry, slb, cal = shared
+        else:
+            tools = [setup.tools[i] for i in idx]
+            registry = ToolRegistry(tools)
+            slb = SemanticLookasideBuffer(dim, EMBEDDER_ID)
+            slb.add(registry.names(), setup.vectors[idx])
+            cal = calibrate_registry(setup, slb)
+            if n >= pool:
+                shared = (registry, slb, cal)
+        taus.append(cal.tau)
+        cal_fire.append(cal.fire_rate)
+        embedder = PrecomputedEmbedder(setup.query_vectors)
+        row: dict[str, Any] = {"q": qi}
+        for label, reranker in setup.rerankers.items():
+            router = Router(registry, embedder, slb, cal.gate(),
+                            None if label == "none" else reranker, k=setup.k)
+            decision = router.route(query.text)
+            names = [name for name, _ in decision.candidates]
+            if "rank" not in row:
+                row["rank"] = names.index(query.tool) if query.tool in names else -1
+                row["escalated"] = not cal.gate().auto_route([s for _, s in decision.candidates])
+                row["margin"] = decision.margin
+            row[label] = decision.chosen == query.tool
+        rows.append(row)
+        if setup.oracle is not None and qi < oracle_n:
+            tools = [setup.tools[i] for i in idx]
+            length = oracle_tokens(setup.tokenizer, tools, query.text, setup.line_tokens)
+            record: dict[str, Any] = {"q": qi, "prompt_tokens": length}
+            if length > CONTEXT_WINDOW:
+                record["status"] = "overflow"
+            elif length > oracle_max_tokens:
+                record["status"] = "skipped"
+            else:
+                t0 = time.perf_counter()
+                chosen = setup.oracle.rerank(query.text, tools)[0][0]
+                record.update(status="run", correct=chosen == query.tool,
+                              seconds=time.perf_counter() - t0)
+            oracle_rows.append(record)
+    return summarize(n, rows, taus, cal_fire, oracle_rows, list(setup.rerankers),
+                     time.perf_counter() - start)
+
+
+def summarize(n: int, rows: list[dict[str, Any]], taus: list[float], cal_fire: list[float],
+              oracle_rows: list[dict[str, Any]], labels: list[str],
+              seconds: float) -> dict[str, Any]:
+    """The cell's JSON: accuracies with Wilson CIs, recalls, gate and reranker behaviour."""
+    total = len(rows)
+    main = labels[0]
+    correct = sum(r[main] for r in rows)
+    esc = [r for r in rows if r["escalated"]]
+    cell: dict[str, Any] = {
+        "N": n,
+        "n": total,
+        "accuracy": correct / total,
+        "ci": wilson(correct, total),
+        "top1_recall": sum(r["rank"] == 0 for r in rows) / total,
+        "top3_recall": sum(0 <= r["rank"] < 3 for r in rows) / total,
+        "topk_recall": sum(r["rank"] >= 0 for r in rows) / total,
+        "fire_rate": len(esc) / total,
+        "oracle": oracle_summary(oracle_rows),
+        "by_reranker": {},
+        "tau_median": float(np.median(taus)),
+        "tau_range": [float(min(taus)), float(max(taus))],
+        "calibration_fire_rate_median": float(np.median(cal_fire)),
+        "slb_errors_escalated": (
+            sum(r["rank"] != 0 for r in esc) / max(sum(r["rank"] != 0 for r in rows), 1)),
+        "seconds": seconds,
+        "rows": [[r["q"], r["rank"], int(r["escalated"]), round(r["margin"], 5)]
+                 + [int(r[label]) for label in labels] for r in rows],
+        "rows_columns": ["query", "gold_rank_in_topk", "escalated", "margin", *labels],
+    }
+    for label in labels:
+        k = sum(r[label] for r in rows)
+        fixed = sum(r[label] and r["rank"] != 0 for r in esc)
+        broke = sum((not r[label]) and r["rank"] == 0 for r in esc)
+        cell["by_reranker"][label] = {
+            "accuracy": k / total, "ci": wilson(k, total),
+            "escalated_correct": sum(r[label] for r in esc) / max(len(esc), 1),
+            "fixed": fixed, "broke": broke,
+        }
+    return cell
+
+
+def oracle_summary(rows: list[dict[str, Any]]) -> Any:
+    """``None`` (not asked), ``"overflow"``, or accuracy over the queries it ran on."""
+    if not rows:
+        return None
+    lengths = [r["prompt_tokens"] for r in rows]
+    ran = [r for r in rows if r["status"] == "run"]
+    if all(r["status"] == "overflow" for r in rows):
+        return "overflow"
+    summary: dict[str, Any] = {
+        "prompt_tokens_median": float(np.median(lengths)),
+        "overflow": sum(r["status"] == "overflow" for r in rows),
+        "skipped": sum(r["status"] == "skipped" for r in rows),
+        "n": len(ran),
+    }
+    if ran:
+        k = sum(r["correct"] for r in ran)
+        summary.update(accuracy=k / len(ran), ci=wilson(k, len(ran)),
+                       seconds_median=float(np.median([r["seconds"] for r in ran])))
+    return summary
+
+
+def lever_sweep(embedder: Embedder, tools: list[Tool], queries: list[Query], sizes: list[int],
+                prefixes: list[str], seed: int, cache: Path | None) -> list[dict[str, Any]]:
+    """SLB-only top-1/top-3 (fp32 scan) for each tool text x query prefix, the same draws."""
+    index = {t.qualified_name: i for i, t in enumerate(tools)}
+    out = []
+    for text_name, text_fn in TEXTS.items():
+        pool = embed_cached(embedder, [text_fn(t) for t in tools], "document", cache)
+        for prefix in prefixes:
+            qv = embed_cached(embedder, [prefix + q.text for q in queries], "query", cache)
+            for n in sizes:
+                ranks = []
+                for qi, q in enumerate(queries):
+                    gold = index[q.tool]
+                    idx = draw(len(tools), gold, n, seed, qi)
+                    scores = pool[idx] @ qv[qi]  # (n,)
+                    ranks.append(int((scores > scores[int(np.flatnonzero(idx == gold)[0])]).sum()))
+                r = np.asarray(ranks)
+                out.append({"text": text_name, "query_prefix": prefix, "N": n,
+                            "top1": float((r < 1).mean()), "top3": float((r < 3).mean())})
+            log(f"levers {text_name} {prefix!r}: "
+                + " ".join(f"{c['N']}:{c['top1']:.3f}" for c in out[-len(sizes):]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure
+
+
+def draw_figure(result: dict[str, Any], name: str, quick: bool) -> None:
+    """Accuracy (Wilson CIs), SLB recalls and oracle against N; fire rate on a second panel."""
+    import plots
+
+    cells = result["cells"]
+    ns = [c["N"] for c in cells]
+    fig, (ax, ax2) = plots.figure(2)
+    acc = [c["accuracy"] for c in cells]
+    ax.errorbar(ns, acc, yerr=plots.error_bars(acc, [c["ci"] for c in cells]), marker="o",
+                capsize=3, label=f"SLB + gate + {result['config']['rerankers'][0]} (end to end)")
+    ax.plot(ns, [c["top1_recall"] for c in cells], "s--", label="SLB top-1")
+    ax.plot(ns, [c["top3_recall"] for c in cells], "^:", label="SLB top-3")
+    oracle = [(c["N"], c["oracle"]) for c in cells if isinstance(c["oracle"], dict)
+              and "accuracy" in c["oracle"]]
+    if oracle:
+        acc_o = [o["accuracy"] for _, o in oracle]
+        ax.errorbar([n for n, _ in oracle], acc_o,
+                    yerr=plots.error_bars(acc_o, [o["ci"] for _, o in oracle]), fmt="kx",
+                    capsize=3, label="concatenate-all oracle")
+    for c in cells:
+        if c["oracle"] == "overflow":
+            ax.annotate("overflow", (c["N"], 0.02), rotation=90, fontsize=7, ha="center")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("registry size N (tools)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{result['pool']['name']}: routing accuracy (n={result['n_queries']})")
+    ax.legend(fontsize=7, loc="lower left")
+    ax2.plot(ns, [c["fire_rate"] for c in cells], "o-", label="gate fire rate (test queries)")
+    ax2.plot(ns, [c["calibration_fire_rate_median"] for c in cells], "s--",
+             label="fire rate on calibration queries")
+    ax2.set_xscale("log")
+    ax2.set_ylim(0, 1)
+    ax2.set_xlabel("registry size N (tools)")
+    ax2.set_ylabel("share escalated")
+    ax2.legend(fontsize=7)
+    plots.save(fig, name, quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def parse_args() -> Any:
+    parser = arg_parser("end-to-end routing accuracy (SLB + gate + reranker) against registry size")
+    parser.add_argument("--registry", type=Path, default=SEAL_TOOLS)
+    parser.add_argument("--queries", type=Path, default=SEAL_DEV)
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated N (capped at pool)")
+    parser.add_argument("--n", type=int, default=200, help="queries (file order)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k", type=int, default=5, help="SLB candidates handed to the reranker")
+    parser.add_argument("--text", choices=sorted(TEXTS), default="words_params")
+    parser.add_argument("--query-prefix", default="query: ")
+    parser.add_argument("--rerankers", default="ql,none", help="ql, listing, none; first is main")
+    parser.add_argument("--calibration", choices=("tools", "heldout"), default="tools")
+    parser.add_argument("--oracle-n", type=int, default=10)
+    parser.add_argument("--oracle-max-tokens", type=int, default=CONTEXT_WINDOW)
+    parser.add_argument("--no-levers", action="store_true")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embedding cache dir")
+    parser.add_argument("--tag", default="", help="suffix of the result name")
+    return parser.parse_args()
+
+
+def main() -> dict[str, Any]:
+    args = parse_args()
+    wall = time.perf_counter()
+    timing: dict[str, float] = {}
+    registry = load_tools(args.registry)
+    pool_tools = list(registry)
+    queries, skipped = load_queries(args.queries, registry)
+    n_queries = QUICK_QUERIES if args.quick else args.n
+    queries = queries[:n_queries]
+    if args.quick and len(pool_tools) > QUICK_POOL:
+        pool_tools = quick_pool(pool_tools, queries, QUICK_POOL, args.seed)
+    pool = len(pool_tools)
+    sizes = sorted({min(int(s), pool) for s in args.sizes.split(",")})
+    if args.quick:
+        sizes = sorted({min(10, pool), pool})
+    oracle_n = 1 if args.quick else args.oracle_n
+    oracle_max = min(args.oracle_max_tokens, QUICK_ORACLE_TOKENS) if args.quick else \
+        args.oracle_max_tokens
+    labels = [s.strip() for s in args.rerankers.split(",") if s.strip()]
+    log(f"pool {pool} tools, {len(queries)} queries ({skipped} skipped), sizes {sizes}")
+
+    t0 = time.perf_counter()
+    embedder = Embedder.load()
+    text_fn = TEXTS[args.text]
+    vectors = embed_cached(embedder, [text_fn(t) for t in pool_tools], "document", args.cache)
+    qv = embed_cached(embedder, [args.query_prefix + q.text for q in queries], "query", args.cache)
+    heldout = None
+    if args.calibration == "heldout":
+        heldout = embed_cached(embedder, [args.query_prefix + t for t in heldout_queries(SEAL_DEV)],
+                               "query", args.cache)
+    timing["embed_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model, tokenizer = nexus_mlx.load("default")
+    timing["load_llm_s"] = time.perf_counter() - t0
+    available = {"ql": lambda: MemoReranker(QueryLikelihoodReranker(model, tokenizer)),
+                 "listing": lambda: MemoReranker(LLMReranker(model, tokenizer)),
+                 "none": lambda: None}
+    rerankers = {label: available[label]() for label in labels}
+    line_tokens = {t.qualified_name: len(tokenizer.encode(f"- {schema_line(t)}\n",
+                                                          add_special_tokens=False))
+                   for t in pool_tools}
+    setup = Setup(
+        tools=pool_tools,
+        index={t.qualified_name: i for i, t in enumerate(pool_tools)},
+        vectors=vectors,
+        queries=queries,
+        query_vectors={q.text: qv[i] for i, q in enumerate(queries)},
+        rerankers=rerankers,
+        oracle=ConcatAllOracle(model, tokenizer) if oracle_n > 0 else None,
+        line_tokens=line_tokens,
+        tokenizer=tokenizer,
+        k=args.k,
+        seed=args.seed,
+        calibration=args.calibration,
+        heldout_vectors=heldout,
+    )
+    # Correctness before measuring: the cached vectors are the embedder's, and the
+    # precomputed query path equals embedding the query afresh.
+    probe = embedder.embed([text_fn(pool_tools[0]), args.query_prefix + queries[0].text])
+    if not (np.allclose(probe[0], vectors[0], atol=1e-5) and np.allclose(probe[1], qv[0],
+                                                                          atol=1e-5)):
+        raise SystemExit("cached embeddings differ from the embedder's output; clear --cache")
+
+    cells = []
+    for n in sizes:
+        cell = run_cell(setup, n, oracle_n, oracle_max)
+        cells.append(cell)
+        oracle = cell["oracle"]
+        oracle_text = oracle if not isinstance(oracle, dict) else oracle.get("accuracy", "skipped")
+        log(f"N={n}: acc {cell['accuracy']:.3f} {cell['ci']} top1 {cell['top1_recall']:.3f} "
+            f"top3 {cell['top3_recall']:.3f} fire {cell['fire_rate']:.3f} "
+            f"tau {cell['tau_median']:.4f} oracle {oracle_text} ({cell['seconds']:.0f}s)")
+    levers = []
+    if not args.quick and not args.no_levers:
+        t0 = time.perf_counter()
+        levers = lever_sweep(embedder, pool_tools, queries, sizes, ["", args.query_prefix],
+                             args.seed, args.cache)
+        timing["levers_s"] = time.perf_counter() - t0
+    timing["total_s"] = time.perf_counter() - wall
+    stats = {label: {"calls": r.calls, "computed": len(r._memo)} for label, r in
+             rerankers.items() if isinstance(r, MemoReranker)}
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    result = {
+        "config": {
+            "registry": str(args.registry), "queries": str(args.queries), "seed": args.seed,
+            "text": args.text, "query_prefix": args.query_prefix, "k": args.k,
+            "rerankers": labels, "calibration": args.calibration,
+            "calibration_note": "tau = calibrate(slb) per registry (20th percentile of "
+                                "adversarial margins; the tools' own texts stand in for "
+                                "queries)" if args.calibration == "tools" else
+                                "tau = calibrate(slb, held-out dev-difficult query vectors)",
+            "embedder": EMBEDDER_ID, "llm": "SmolLM2-135M-Instruct Q4_1 (default)",
+            "oracle_n": oracle_n, "oracle_max_tokens": oracle_max,
+            "context_window": CONTEXT_WINDOW,
+            "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        },
+        "pool": {"name": args.registry.parent.name, "size": pool,
+                 "quick_subset": bool(args.quick and pool < len(registry))},
+        "n_queries": len(queries),
+        "skipped_queries": skipped,
+        "cells": cells,
+        "levers": levers,
+        "reranker_calls": stats,
+        "timing_s": timing,
+        "loadavg": list(os.getloadavg()),
+    }
+    draw_figure(result, name, args.quick)
+    return emit(name, result, args.quick)
+
+
+if __name__ == "__main__":
+    main()
