@@ -28,6 +28,7 @@ from nexus_mlx.models.load import load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "bench"
+BENCH_HELPERS = ("common", "plots", "repair_metrics", "splice_workload")  # modules, not benchmarks
 
 
 class CommandError(NexusError, ValueError):
@@ -248,8 +249,8 @@ def forward_greedy(model: Any, cache: Any, prompt: list[int], n: int) -> list[in
 def available_benchmarks() -> list[str]:
     if not BENCH_DIR.is_dir():
         return []
-    return sorted(p.stem for p in BENCH_DIR.glob("*.py") if p.stem not in ("common", "plots")
-                  and not p.stem.startswith("_"))
+    return sorted(p.stem for p in BENCH_DIR.glob("*.py")
+                  if p.stem not in BENCH_HELPERS and not p.stem.startswith("_"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
