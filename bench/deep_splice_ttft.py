@@ -66,19 +66,27 @@ class Repair:
     curves, None for policies that are not a depth curve."""
 
     name: str
-    run: Callable[[nn.Module, NexusCache, CompiledBlock], SpliceResult]
+    run: Callable[[nn.Module, NexusCache, CompiledBlock, list[int]], SpliceResult]
     K: float | None = None
 
 
 def curve_repair(name: str, curve: Curve) -> Repair:
-    def run(model: nn.Module, cache: NexusCache, block: CompiledBlock) -> SpliceResult:
+    def run(model: nn.Module, cache: NexusCache, block: CompiledBlock, query: list[int]) -> SpliceResult:
         return splice(model, cache, block, curve=curve)
 
     return Repair(name, run, curve.K)
 
 
-# The splice arms, by name. Hook: a third policy (e.g. "sur", paper 2's relevance-chosen
-# positions) is one more entry, Repair("sur", fn) with fn(model, cache, block) -> SpliceResult.
+def sur_repair(tokenizer: Any) -> Repair:
+    """Query-directed seam repair: the K=4 curve's budget spent on SUR-chosen block tokens."""
+
+    def run(model: nn.Module, cache: NexusCache, block: CompiledBlock, query: list[int]) -> SpliceResult:
+        return splice(model, cache, block, curve="sur", query=query, tokenizer=tokenizer)
+
+    return Repair("sur", run, None)
+
+
+# The splice arms by name; main() adds the query-directed "sur" arm (it needs the tokenizer).
 REPAIRS: list[Repair] = [
     curve_repair("K=4", Curve(K=4)),
     curve_repair("K=16", Curve.flat()),
@@ -99,7 +107,7 @@ def prefill_turn(model, cache, schema: list[int], query: list[int]) -> tuple[mx.
 
 def splice_turn(model, cache, repair: Repair, block: CompiledBlock,
                 query: list[int]) -> tuple[mx.array, SpliceResult]:
-    result = repair.run(model, cache, block)
+    result = repair.run(model, cache, block, query)
     logits = forward(model, query, cache, logits="last")  # (1, 1, vocab)
     first_token(logits)
     return logits, result
@@ -223,9 +231,9 @@ def main() -> dict[str, object]:
     args = arg_parser(__doc__.splitlines()[0]).parse_args()
     depths = QUICK_DEPTHS if args.quick else DEPTHS
     trials = QUICK_TRIALS if args.quick else TRIALS
-    repairs = REPAIRS[:1] if args.quick else REPAIRS
     load_start = os.getloadavg()
     model, tokenizer = load("default")
+    repairs = (REPAIRS[:1] if args.quick else REPAIRS) + [sur_repair(tokenizer)]
     tool = load_tools()[TOOL]
     block = compile_block(model, tokenizer, schema_text(tool), context=system_ids(tokenizer))
     query = query_ids(tokenizer, REQUESTS[TOOL])
