@@ -17,7 +17,8 @@ Per N it reports, over the same queries:
 - ``top1_recall`` / ``top3_recall``: the SLB scan alone; ``fire_rate``: share escalated;
 - ``oracle``: the concatenate-all-schemas baseline: the LLM reads all N tools' full JSON schemas
   and the request, and each tool name is scored as in ``LLMReranker`` (mean log-probability as
-  the continuation of ``"Tool: "``). ``"overflow"`` when the prompt does not fit SmolLM2's 8,192
+  the continuation of the answer, here ``{"name": "``: see :class:`ConcatAllOracle`).
+  ``"overflow"`` when the prompt does not fit SmolLM2's 8,192
   token window; run on the first ``--oracle-n`` queries only (it costs minutes per query here),
   and not run (recorded with its prompt length) above ``--oracle-max-tokens``.
 
@@ -73,7 +74,8 @@ from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate
-from nexus_mlx.routing.rerank import ANSWER_PREFIX, INSTRUCTION, LLMReranker
+from nexus_mlx.decode.tool_call import CALL_PREFIX
+from nexus_mlx.routing.rerank import INSTRUCTION, LLMReranker
 from nexus_mlx.routing.router import Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 
@@ -253,15 +255,32 @@ class QueryLikelihoodReranker:
     Score of tool t for request q: mean log p(q | chat prompt ``QL_PROMPT`` with t's
     ``tool_prose``, assistant turn opened with ``"Request:"``). Every candidate continues with
     the same request tokens, so scores are comparable. A tool's prompt is prefilled once and
-    kept (LRU, ``max_prompts``); each (request, tool) score is memoised.
+    kept (LRU, ``max_prompts``); each (request, tool text) score is memoised, and with ``store``
+    kept in a JSON file across runs (keys hash the prompt template, tool text and request).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_prompts: int = 96) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, max_prompts: int = 96,
+                 store: Path | None = None) -> None:
         self.model, self.tokenizer, self.max_prompts = model, tokenizer, max_prompts
         self._prompts: OrderedDict[str, tuple[NexusCache, mx.array]] = OrderedDict()
-        self._scores: dict[tuple[str, str], float] = {}
+        self.store = store
+        self._scores: dict[str, float] = {}
+        if store is not None and store.is_file():
+            self._scores = json.loads(store.read_text())
+        self._unsaved = 0
         self.calls = 0
         self.scored = 0
+
+    def flush(self) -> None:
+        """Write the memo to ``store`` (atomically) if it changed."""
+        if self.store is not None and self._unsaved:
+            self.store.parent.mkdir(parents=True, exist_ok=True)
+            if self.store.is_file():  # another run may have added scores meanwhile
+                self._scores = {**json.loads(self.store.read_text()), **self._scores}
+            tmp = self.store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._scores))
+            os.replace(tmp, self.store)
+            self._unsaved = 0
 
     def _prompt(self, tool: Tool) -> tuple[NexusCache, mx.array]:
         key = tool.qualified_name
@@ -279,13 +298,17 @@ class QueryLikelihoodReranker:
         return cache, last
 
     def score(self, query: str, tool: Tool) -> float:
-        key = (query, tool.qualified_name)
+        key = hashlib.sha256(json.dumps([QL_PROMPT, QL_ANSWER, tool.qualified_name,
+                                         tool_prose(tool), query]).encode()).hexdigest()[:24]
         if key not in self._scores:
             cache, last = self._prompt(tool)
             ids = self.tokenizer.encode(" " + query, add_special_tokens=False)
             self._scores[key] = float(continuation_logprobs(self.model, cache.copy(), last,
                                                             ids).mean())
             self.scored += 1
+            self._unsaved += 1
+            if self._unsaved >= 50:
+                self.flush()
         return self._scores[key]
 
     def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
@@ -317,12 +340,18 @@ def schema_line(tool: Tool) -> str:
 
 
 class ConcatAllOracle(LLMReranker):
-    """``LLMReranker`` with every tool's full JSON schema in the prompt instead of signatures."""
+    """``LLMReranker`` with every tool's full JSON schema in the prompt instead of signatures.
+
+    Names are scored as the continuation of ``{"name": "`` (``CALL_PREFIX``), the format of the
+    JSON listing: after ``"Tool: "`` this model starts another JSON line instead of a name
+    (greedy: ``'\\n- {"name": "getHealthWorkforce"'``), and scoring names there picked the gold
+    tool for 0 of 10 queries at N = 10.
+    """
 
     def prompt_tokens(self, query: str, tools: Sequence[Tool]) -> list[int]:
         listing = "\n".join(f"- {schema_line(t)}" for t in tools)
         return chat_prompt(self.tokenizer, INSTRUCTION.format(tools=listing, query=query),
-                           ANSWER_PREFIX)
+                           CALL_PREFIX)
 
     def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
         ids = self.prompt_tokens(query, tools)
@@ -344,7 +373,7 @@ def oracle_tokens(tokenizer: Any, tools: Sequence[Tool], query: str,
     if bound > CONTEXT_WINDOW:
         return bound
     listing = "\n".join(f"- {schema_line(t)}" for t in tools)
-    ids = chat_prompt(tokenizer, INSTRUCTION.format(tools=listing, query=query), ANSWER_PREFIX)
+    ids = chat_prompt(tokenizer, INSTRUCTION.format(tools=listing, query=query), CALL_PREFIX)
     longest = max(len(tokenizer.encode(t.qualified_name, add_special_tokens=False)) for t in tools)
     return len(ids) + longest
 
@@ -643,7 +672,9 @@ def main() -> dict[str, Any]:
     t0 = time.perf_counter()
     model, tokenizer = nexus_mlx.load("default")
     timing["load_llm_s"] = time.perf_counter() - t0
-    available = {"ql": lambda: MemoReranker(QueryLikelihoodReranker(model, tokenizer)),
+    store = None if args.cache is None else args.cache / "ql-scores.json"
+    available = {"ql": lambda: MemoReranker(QueryLikelihoodReranker(model, tokenizer,
+                                                                    store=store)),
                  "listing": lambda: MemoReranker(LLMReranker(model, tokenizer)),
                  "none": lambda: None}
     rerankers = {label: available[label]() for label in labels}
@@ -676,6 +707,9 @@ def main() -> dict[str, Any]:
     for n in sizes:
         cell = run_cell(setup, n, oracle_n, oracle_max)
         cells.append(cell)
+        for reranker in rerankers.values():
+            if isinstance(reranker, MemoReranker) and hasattr(reranker.inner, "flush"):
+                reranker.inner.flush()
         oracle = cell["oracle"]
         oracle_text = oracle if not isinstance(oracle, dict) else oracle.get("accuracy", "skipped")
         log(f"N={n}: acc {cell['accuracy']:.3f} {cell['ci']} top1 {cell['top1_recall']:.3f} "
@@ -688,8 +722,9 @@ def main() -> dict[str, Any]:
                              args.seed, args.cache)
         timing["levers_s"] = time.perf_counter() - t0
     timing["total_s"] = time.perf_counter() - wall
-    stats = {label: {"calls": r.calls, "computed": len(r._memo)} for label, r in
-             rerankers.items() if isinstance(r, MemoReranker)}
+    stats = {label: {"calls": r.calls, "candidate_sets": len(r._memo),
+                     "scored_now": getattr(r.inner, "scored", None)}
+             for label, r in rerankers.items() if isinstance(r, MemoReranker)}
     name = NAME + (f"_{args.tag}" if args.tag else "")
     result = {
         "config": {

@@ -271,8 +271,8 @@ def main() -> dict[str, Any]:
     slb.add(registry.names(), vectors)
     cal = calibrate(slb)
     model, tokenizer = nexus_mlx.load("default")
-    router = Router(registry, embedder, slb, cal.gate(),
-                    QueryLikelihoodReranker(model, tokenizer), k=args.k)
+    reranker = QueryLikelihoodReranker(model, tokenizer, store=args.cache / "ql-scores.json")
+    router = Router(registry, embedder, slb, cal.gate(), reranker, k=args.k)
     first_argument = FirstArgument(model, tokenizer)
 
     def encode(text: str) -> list[int]:
@@ -320,6 +320,7 @@ def main() -> dict[str, Any]:
             f"{result.valid} first-arg ir {ms['ir']:.0f} ms full {ms['full']:.0f} ms "
             f"({len(ir_prompt)} vs {len(full_prompt)} tokens)")
 
+    reranker.flush()
     n = len(per_query)
     routed = [r for r in per_query if r["routed_ok"]]
     spec_routed = sum(r["specified"] for r in routed)
