@@ -39,7 +39,6 @@ It does not sample, run models or know about prompts (:mod:`.tool_call`).
 
 from __future__ import annotations
 
-import bisect
 import json
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +52,12 @@ import llguidance.numpy
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.decode.json_scan import (
+    JsonScanner,
+    decode_json_string,
+    ids_with_prefix,
+    quote_ids,
+)
 from nexus_mlx.decode.name_fsm import (
     TokenVocab,
     backend_tokenizer,
@@ -236,120 +241,6 @@ def ll_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
     return built
 
 
-# ----------------------------------------------------------------------------- scanner
-
-
-class _Scanner:
-    """Tracks where generated JSON text is: inside a string value (and of which key) or not."""
-
-    def __init__(self) -> None:
-        self.keys: list[str | None] = []  # per open container: the key its values belong to
-        self.kinds: list[str] = []  # "o" / "a"
-        self.expect_key = False
-        self.in_string = False
-        self.is_key = False
-        self.escape = False
-        self.raw = bytearray()
-
-    def copy(self) -> _Scanner:
-        twin = _Scanner()
-        twin.keys, twin.kinds = list(self.keys), list(self.kinds)
-        twin.expect_key, twin.in_string = self.expect_key, self.in_string
-        twin.is_key, twin.escape, twin.raw = self.is_key, self.escape, bytearray(self.raw)
-        return twin
-
-    def feed(self, data: bytes) -> list[tuple[bytes, str | None]]:
-        """Advance over ``data``; returns the value strings it closed (raw bytes, their key)."""
-        closed: list[tuple[bytes, str | None]] = []
-        for c in data:
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif c == 0x5C:  # backslash
-                    self.escape = True
-                elif c == 0x22:  # closing quote
-                    self.in_string = False
-                    if self.is_key and self.keys:
-                        self.keys[-1] = _decode_json_string(bytes(self.raw))
-                    elif not self.is_key:
-                        closed.append((bytes(self.raw), self.key))
-                    continue
-                self.raw.append(c)
-            elif c == 0x22:
-                self.in_string, self.escape = True, False
-                self.is_key = bool(self.kinds) and self.kinds[-1] == "o" and self.expect_key
-                self.raw.clear()
-            elif c in b"{[":
-                inherited = self.keys[-1] if self.keys else None
-                self.kinds.append("o" if c == 0x7B else "a")
-                self.keys.append(None if c == 0x7B else inherited)
-                self.expect_key = c == 0x7B
-            elif c in b"}]":
-                if self.kinds:
-                    self.kinds.pop()
-                    self.keys.pop()
-                self.expect_key = False
-            elif c == 0x3A:  # colon
-                self.expect_key = False
-            elif c == 0x2C and self.kinds and self.kinds[-1] == "o":
-                self.expect_key = True
-        return closed
-
-    @property
-    def in_value_string(self) -> bool:
-        return self.in_string and not self.is_key
-
-    @property
-    def key(self) -> str | None:
-        return self.keys[-1] if self.keys else None
-
-
-def _decode_json_string(raw: bytes) -> str | None:
-    if b"\\" not in raw:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    try:
-        value = json.loads(b'"' + raw + b'"')
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, str) else None
-
-
-@lru_cache(maxsize=8)
-def _sorted_vocab(vocab: TokenVocab) -> tuple[list[bytes], np.ndarray]:
-    order = sorted(vocab.by_bytes)
-    ids = [vocab.by_bytes[k] for k in order]
-    return order, np.array([i[0] for i in ids], dtype=np.int64)
-
-
-def _ids_with_prefix(vocab: TokenVocab, prefix: bytes) -> np.ndarray:
-    """Ids of the (first of equal) tokens whose bytes start with ``prefix``."""
-    keys, ids = _sorted_vocab(vocab)
-    lo = bisect.bisect_left(keys, prefix)
-    hi = lo
-    while hi < len(keys) and keys[hi].startswith(prefix):
-        hi += 1
-    extra = [j for k in keys[lo:hi] for j in vocab.by_bytes[k][1:]]
-    return np.concatenate([ids[lo:hi], np.array(extra, dtype=np.int64)])
-
-
-@lru_cache(maxsize=8)
-def _quote_ids(
-    vocab: TokenVocab,
-) -> tuple[np.ndarray, np.ndarray, tuple[bytes, ...], tuple[bytes, ...]]:
-    """The (non-special) tokens containing a double quote, the only ones that can open or close
-    a string: ids, whether each has exactly one, the bytes before the first and after the last."""
-    ids = [i for i, data in enumerate(vocab.token_bytes)
-           if b'"' in data and i not in vocab.special_ids]
-    data = [vocab.token_bytes[i] for i in ids]
-    single = np.array([d.count(b'"') == 1 for d in data], dtype=bool)
-    tails = tuple(d[: d.index(b'"')] for d in data)
-    heads = tuple(d[d.rindex(b'"') + 1:] for d in data)
-    return np.array(ids, dtype=np.int64), single, tails, heads
-
-
 # ----------------------------------------------------------------------------- matcher
 
 
@@ -390,7 +281,7 @@ class JsonConstraint:
     def reset(self) -> None:
         """Back to the start of the grammar."""
         self._matcher.reset()
-        self._scanner = _Scanner()
+        self._scanner = JsonScanner()
         self._mask: np.ndarray | None = None
         self._text = bytearray()
         self.tokens: list[int] = []
@@ -427,18 +318,18 @@ class JsonConstraint:
         policy = self.policy
         twin = self._scanner.copy()
         for raw, key in twin.feed(self.vocab.token_bytes[token]):
-            value = _decode_json_string(raw)
+            value = decode_json_string(raw)
             if value is not None and policy.is_placeholder(value, key):
                 return True
         if twin.in_value_string and policy.names:
-            after = _decode_json_string(bytes(twin.raw))
+            after = decode_json_string(bytes(twin.raw))
             started = [n for n in policy.names if after is not None and after.startswith(n)]
             return any(before is None or not before.startswith(n) for n in started)
         return False
 
     def _open_value(self) -> str | None:
         scan = self._scanner
-        return _decode_json_string(bytes(scan.raw)) if scan.in_value_string else None
+        return decode_json_string(bytes(scan.raw)) if scan.in_value_string else None
 
     def _banned(self, mask: np.ndarray) -> np.ndarray | None:
         """The allowed ids :meth:`_spoils` rejects: quote-bearing tokens, and inside a string
@@ -446,7 +337,7 @@ class JsonConstraint:
         if not self.guard:
             return None
         scan = self._scanner
-        quotes, single, tails, heads = _quote_ids(self.vocab)
+        quotes, single, tails, heads = quote_ids(self.vocab)
         keep = mask[quotes]
         content = self._open_value()
         plain = content is not None and not scan.escape
@@ -459,7 +350,7 @@ class JsonConstraint:
                 for index in np.flatnonzero(mask[quotes] & single).tolist():
                     tail = tails[index]
                     if tail not in verdicts:
-                        value = _decode_json_string(raw + tail)
+                        value = decode_json_string(raw + tail)
                         verdicts[tail] = value is not None and self.policy.is_placeholder(
                             value, scan.key)
                     if verdicts[tail]:
@@ -476,7 +367,7 @@ class JsonConstraint:
         banned.extend(t for t in quotes[keep].tolist() if self._spoils(t, content))
         if plain:
             for rest in self.policy.name_rests(cast(str, content)):
-                ids = _ids_with_prefix(self.vocab, rest)
+                ids = ids_with_prefix(self.vocab, rest)
                 banned.extend(ids[mask[ids]].tolist())
         return np.array(banned, dtype=np.int64) if banned else None
 
