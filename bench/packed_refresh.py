@@ -18,7 +18,7 @@ JSON: {"cells": [{"N", "R", "sequential_ms", "packed_ms", "speedup", "speedup_ci
 
 from __future__ import annotations
 
-from common import ROOT, arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + BLAS
+from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + BLAS
 
 import time
 
@@ -127,22 +127,21 @@ def run_cell(stale: NexusCache, n: int, r: int, warmup: int, trials: int) -> dic
     }
 
 
-def plot(cells: list[dict[str, object]], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+def plot(cells: list[dict[str, object]], quick: bool):
+    """Times and speedups against R; None when matplotlib is missing (the JSON is the result)."""
+    try:
+        from plots import error_bars, figure, save
+    except ImportError:
+        return None
+    fig, axes = figure(2)
     for n in sorted({c["N"] for c in cells}):
         sub = [c for c in cells if c["N"] == n]
         rs = [c["R"] for c in sub]
         axes[0].plot(rs, [c["sequential_ms"] for c in sub], "o--", label=f"sequential N={n}")
         axes[0].plot(rs, [c["packed_ms"] for c in sub], "s-", label=f"packed N={n}")
-        err = np.array([[c["speedup"] - c["speedup_ci"][0], c["speedup_ci"][1] - c["speedup"]]
-                        for c in sub]).T
-        axes[1].errorbar(rs, [c["speedup"] for c in sub], yerr=err, marker="o", capsize=3,
-                         label=f"N={n}")
+        speedups = [c["speedup"] for c in sub]
+        axes[1].errorbar(rs, speedups, yerr=error_bars(speedups, [c["speedup_ci"] for c in sub]),
+                         marker="o", capsize=3, label=f"N={n}")
     axes[0].set(xscale="log", yscale="log", xlabel="intervals R", ylabel="refresh time (ms)",
                 title=f"B={B} positions, median")
     axes[1].set(xscale="log", xlabel="intervals R", ylabel="sequential / packed",
@@ -151,9 +150,7 @@ def plot(cells: list[dict[str, object]], path) -> None:
         ax.set_xticks([1, 4, 16], ["1", "4", "16"])
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, "packed_refresh", quick)
 
 
 def main() -> None:
@@ -173,9 +170,7 @@ def main() -> None:
         for r in (1, 4, 16):
             cells.append(run_cell(stale, n, r, warmup, trials))
         del stale
-    out = ROOT / "results" / ("quick" if args.quick else "")
-    out.mkdir(parents=True, exist_ok=True)
-    plot(cells, out / "packed_refresh.png")
+    plot(cells, args.quick)
     emit("packed_refresh", {
         "model": "default (SmolLM2-135M-Instruct, float32)", "B": B, "warmup": warmup,
         "trials": trials, "context": "one prefilled 256-token text tiled (keys re-rotated)" if args.quick else "prefilled, Shift after a 64-token deletion",

@@ -10,13 +10,15 @@ cache (``repair_metrics``). Allocators score relevance against the question text
 names missing from the registry are skipped and listed under ``missing``.
 JSON: {"model", "n_cases", "references": {name: {"em", "kl", "agree", "kv_dev"}},
        "allocators": {name: {budget: {"em", "kl", "agree", "kv_dev", "repair_s"}}}, "missing"}
+(each entry also has "em_ci" and "em_by_length"; "dirty_answers_deleted_value" is how often
+Dirty gave the deleted value, i.e. how often the deletion changes the model's answer).
 Options: --cases N, --allocators a,b (or "none"), --budgets 2,5, --references a,b,
 --lengths 1024,2048, --out NAME (results file name). PNG: results/<out>.png.
 """
 
 from __future__ import annotations
 
-from common import ROOT, arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit  # first: loads nexus_mlx + fast BLAS
 
 import time
 
@@ -56,48 +58,53 @@ def _boot_ci(values: list[float], n_boot: int = 2000, seed: int = 0) -> list[flo
     return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
 
 
-def summarize(rows: list[dict[str, float]]) -> dict[str, object]:
+def summarize(rows: list[dict[str, float]], lengths: list[int]) -> dict[str, object]:
+    """Means of every metric over cases, a bootstrap CI of EM, and EM per context length."""
     out: dict[str, object] = {}
     for key in rows[0]:
         vals = [r[key] for r in rows if r[key] is not None]
         out[key] = _mean(vals)
     out["em_ci"] = _boot_ci([r["em"] for r in rows])
+    out["em_by_length"] = {
+        str(n): _mean([r["em"] for r, m in zip(rows, lengths, strict=True) if m == n])
+        for n in sorted(set(lengths))
+    }
     out["n"] = len(rows)
     return out
 
 
-def plot(result: dict[str, object], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+def plot(result: dict[str, object], name: str, quick: bool):
+    """EM, KL and K/V deviation against the budget; None when matplotlib is missing."""
+    try:
+        from plots import figure, save
+    except ImportError:
+        return None
+    fig, axes = figure(3, width=5.0, height=4.5)
     allocs: dict = result["allocators"]  # type: ignore[assignment]
-    for name, by_budget in allocs.items():
+    for alloc, by_budget in allocs.items():
         budgets = sorted(by_budget, key=float)
         xs = [float(b) for b in budgets]
         for ax, metric in zip(axes, ("em", "kl", "kv_dev"), strict=True):
-            ax.plot(xs, [by_budget[b][metric] for b in budgets], marker="o", ms=3, label=name)
+            ax.plot(xs, [by_budget[b][metric] for b in budgets], marker="o", ms=3, label=alloc)
     refs: dict = result["references"]  # type: ignore[assignment]
-    styles = {"dirty": "r:", "shift": "k--", "replay": "g-.", "reprefill": "b-"}
-    for name, vals in refs.items():
+    styles = {"dirty": ("r", ":"), "shift": ("k", "--"), "replay": ("g", "-."),
+              "reprefill": ("b", "-")}
+    for ref, vals in refs.items():
         for ax, metric in zip(axes, ("em", "kl", "kv_dev"), strict=True):
-            if vals.get(metric) is not None and not (metric == "kl" and vals[metric] <= 0):
-                ax.axhline(vals[metric], ls=styles[name][1:], color=styles[name][0], lw=1,
-                           label=f"{name} (ref)")
+            value = vals.get(metric)
+            if value is not None and (metric == "em" or value > 0):  # log axes: skip exact zeros
+                color, style = styles[ref]
+                ax.axhline(value, ls=style, color=color, lw=1, label=f"{ref} (ref)")
     axes[0].set(xscale="log", xlabel="budget (%)", ylabel="exact match", title="EM")
     axes[1].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="nats",
-                title="KL(re-prefill || arm) at the answer position")
+                title="KL(re-prefill || arm), answer position")
     axes[2].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="relative deviation",
                 title="suffix K/V deviation from Replay")
     axes[0].legend(fontsize=6, ncol=2)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(f"Erasing-NIAH, {result['n_cases']} cases, {result['model']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, name, quick)
 
 
 def run_case(model, tokenizer, case, references, names, budgets, stop):
@@ -163,8 +170,10 @@ def main() -> None:
     ref_rows: dict[str, list] = {r: [] for r in references}
     alloc_rows: dict[str, dict[float, list]] = {a: {b: [] for b in budgets} for a in names}
     dirty_deleted: list[float] = []
+    case_lengths: list[int] = []  # the spec's nominal length of each case
     start = time.perf_counter()
     for case in niah_cases(tokenizer, spec):
+        case_lengths.append(spec.lengths[case.index % len(spec.lengths)])
         refs, allocs, deleted, ref_text = run_case(model, tokenizer, case, references, names,
                                                    budgets, stop)
         for name, row in refs.items():
@@ -181,16 +190,14 @@ def main() -> None:
         "model": "default (SmolLM2-135M-Instruct, float32)",
         "n_cases": n_cases,
         "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
-        "references": {r: summarize(rows) for r, rows in ref_rows.items()},
-        "allocators": {a: {f"{b:g}": summarize(rows) for b, rows in by_b.items()}
+        "references": {r: summarize(rows, case_lengths) for r, rows in ref_rows.items()},
+        "allocators": {a: {f"{b:g}": summarize(rows, case_lengths) for b, rows in by_b.items()}
                        for a, by_b in alloc_rows.items()},
         "missing": missing,
         "dirty_answers_deleted_value": _mean(dirty_deleted),
         "seconds": time.perf_counter() - start,
     }
-    out = ROOT / "results" / ("quick" if quick else "")
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / f"{args.out}.png")
+    plot(result, args.out, quick)
     emit(args.out, result, quick)
 
 

@@ -79,32 +79,29 @@ def paired_bootstrap(table: dict[str, dict[str, np.ndarray]], ref: str, seed: in
     return out
 
 
-def plot(rows: list[dict[str, object]], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict[str, object]], quick: bool):
+    """EM / agreement and latency per method; None when matplotlib is missing."""
+    try:
+        from plots import error_bars, figure, save
+    except ImportError:
+        return None
     labels = [r["method"] + (f" {r['budget']:g}%" if r["budget"] is not None else "") for r in rows]
     x = np.arange(len(rows))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = figure(2, width=6.5, height=4.5)
     for offset, key, name in ((-0.2, "em", "EM"), (0.2, "agree", "agreement with re-prefill")):
         vals = [r[key] for r in rows]
-        err = np.array([[r[key] - r[f"{key}_ci"][0], r[f"{key}_ci"][1] - r[key]] for r in rows]).T
-        axes[0].bar(x + offset, vals, width=0.4, yerr=err, capsize=2, label=name)
+        axes[0].bar(x + offset, vals, width=0.4, capsize=2, label=name,
+                    yerr=error_bars(vals, [r[f"{key}_ci"] for r in rows]))
     axes[0].set(ylabel="fraction", title="multi-hop QA after deleting a passage", ylim=(0, 1.05))
     axes[0].legend(fontsize=8)
     lat = [r["latency_s"] for r in rows]
-    err = np.array([[r["latency_s"] - r["latency_s_ci"][0], r["latency_s_ci"][1] - r["latency_s"]]
-                    for r in rows]).T
-    axes[1].bar(x, lat, yerr=err, capsize=2, color="tab:gray")
+    axes[1].bar(x, lat, yerr=error_bars(lat, [r["latency_s_ci"] for r in rows]), capsize=2,
+                color="tab:gray")
     axes[1].set(ylabel="seconds (mean)", title="post-edit latency (repair + answer)")
     for ax in axes:
         ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, "repair_qa", quick)
 
 
 def main() -> None:
@@ -170,9 +167,7 @@ def main() -> None:
                                                 if c.dataset == d]))
                               for d in sorted({c.dataset for c in cases})},
         })
-    out = ROOT / "results" / ("quick" if args.quick else "")
-    out.mkdir(parents=True, exist_ok=True)
-    plot(rows, out / "repair_qa.png")
+    plot(rows, args.quick)
     emit("repair_qa", {
         "model": "default (SmolLM2-135M-Instruct, float32)", "n_cases": len(cases),
         "files": [str(p) for p in files], "missing": missing, "rows": rows,

@@ -8,7 +8,9 @@ too). Every query goes through the whole pipeline:
    ``"query: "``, SLB of ``words_params`` tool texts, gate with ``tau = calibrate(slb)``, the
    query-likelihood reranker of ``bench/routing_accuracy.py`` on escalated queries (k = 5).
 2. Arguments: ``generate_tool_call`` on ``tool_call_prompt`` with the routed tool's IR
-   signature (the name is forced; JSON constrained by the schema's grammar; greedy).
+   signature (the name is forced; JSON constrained by the schema's grammar; greedy), with
+   ``max_argument_tokens=64`` (``--max-argument-tokens``; the library's default is 160): greedy
+   decoding of this 135M model can loop inside a string value, and every gold call here fits.
 3. Latency to the first argument, two prompts for the routed tool, each prefilled into an empty
    cache (the sidecar sequence starts at position 0) and decoded under the same grammar until
    the first argument value is complete (a string/object/array value at its closing character,
@@ -28,7 +30,9 @@ calls that are complete, schema-valid and placeholder-free), ``ir_tokens_median`
 ``first_arg_ms_full`` (medians over queries, bootstrap CIs), ``speedup`` (ratio of the medians;
 the median of per-query ratios too), ``token_saving`` (1 - IR prompt tokens / full prompt tokens,
 summed over queries; whole prompts including template and request), plus lenient and per-query
-variants, routing latencies and the targets. ``--quick`` (< 1 min): 3 queries. Writes
+variants, the saving on the tool text alone (``tool_token_saving``: IR signature vs JSON
+definition of the routed tools), routing latencies and the targets. ``--quick`` (< 1 min): 3
+queries, 24 argument tokens. Writes
 ``results/sidecar_accuracy[_<tag>].json`` (``results/quick/`` with ``--quick``), a PNG, and
 prints the JSON as the last stdout line.
 """
@@ -85,7 +89,7 @@ from routing_accuracy import (
 NAME = "sidecar_accuracy"
 TEXT = "words_params"
 PREFIX = "query: "
-QUICK_QUERIES = 3
+QUICK_QUERIES, QUICK_BUDGET = 3, 24
 TARGET_SPEEDUP, TARGET_SAVING = 1.66, 0.75
 
 
@@ -131,15 +135,19 @@ def first_value_done(text: str) -> bool:
 
 class FirstArgument:
     """Prefill a tool-call prompt into an empty cache, force the tool name, then decode under
-    the tool's grammar (greedy, as ``generate_tool_call`` does) until the first value is done."""
+    the tool's grammar (greedy, as ``generate_tool_call`` does) until the first value is done.
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    After ``budget`` sampled tokens it closes like ``generate_tool_call`` past its
+    ``max_argument_tokens`` (``closing_token`` where that has a choice); such runs are counted.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, budget: int) -> None:
+        self.model, self.tokenizer, self.budget = model, tokenizer, budget
         self.vocab = vocab_of(tokenizer)
         self.ll_tok = ll_tokenizer(tokenizer)
 
-    def __call__(self, prompt: Sequence[int], tool: Tool) -> tuple[float, str]:
-        """(milliseconds, argument text) for one run."""
+    def __call__(self, prompt: Sequence[int], tool: Tool) -> tuple[float, str, bool]:
+        """(milliseconds, argument text, whether the budget ran out) for one run."""
         start = time.perf_counter()
         cache = make_cache(self.model)
         name = self.tokenizer.encode(tool.qualified_name + NAME_GLUE, add_special_tokens=False)
@@ -147,6 +155,7 @@ class FirstArgument:
         compiled = compile_schema(tool.input_schema, leading_space=True, after=CALL_SUFFIX)
         constraint = JsonConstraint(compiled, self.vocab, names=[tool.qualified_name],
                                     ll_tok=self.ll_tok)
+        sampled = 0
         while not constraint.is_complete() and not first_value_done(constraint.text):
             forced = constraint.forced_tokens()
             if forced:
@@ -154,14 +163,19 @@ class FirstArgument:
                 pending += forced[:accepted]
                 if accepted == len(forced):
                     continue
-            logits = forward(self.model, pending, cache, logits="last")  # (1, 1, V)
-            pending = []
-            mask = mx.array(constraint.allowed_mask())
-            token = int(mx.argmax(mask_logits(logits[:, -1, :], mask), axis=-1).item())
+            closing = constraint.closing_token() if sampled >= self.budget else None
+            if closing is None:
+                logits = forward(self.model, pending, cache, logits="last")  # (1, 1, V)
+                pending = []
+                mask = mx.array(constraint.allowed_mask())
+                token = int(mx.argmax(mask_logits(logits[:, -1, :], mask), axis=-1).item())
+            else:
+                token = closing
+            sampled += 1
             if not constraint.accept_token(token):
                 raise AssertionError(f"masked decode chose a disallowed token {token}")
             pending.append(token)
-        return (time.perf_counter() - start) * 1e3, constraint.text
+        return (time.perf_counter() - start) * 1e3, constraint.text, sampled > self.budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +270,8 @@ def main() -> dict[str, Any]:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--max-argument-tokens", type=int, default=64,
+                        help="sampled argument tokens before closing (library default 160)")
     args = parser.parse_args()
     wall = time.perf_counter()
     registry = load_tools(args.registry)
@@ -273,7 +289,9 @@ def main() -> dict[str, Any]:
     model, tokenizer = nexus_mlx.load("default")
     reranker = QueryLikelihoodReranker(model, tokenizer, store=args.cache / "ql-scores.json")
     router = Router(registry, embedder, slb, cal.gate(), reranker, k=args.k)
-    first_argument = FirstArgument(model, tokenizer)
+    budget = min(args.max_argument_tokens, QUICK_BUDGET) if args.quick else \
+        args.max_argument_tokens
+    first_argument = FirstArgument(model, tokenizer, budget)
 
     def encode(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
@@ -289,9 +307,10 @@ def main() -> dict[str, Any]:
         tool = registry.get(decision.chosen)
         ir_prompt = tool_call_prompt(tokenizer, query.text, [tool])
         full_prompt = full_schema_prompt(tokenizer, query.text, tool)
-        result = generate_tool_call(model, tokenizer, None, ir_prompt, [tool])
+        result = generate_tool_call(model, tokenizer, None, ir_prompt, [tool],
+                                    max_argument_tokens=budget)
         # correctness first: the timed decode reproduces the start of the call
-        _, first_text = first_argument(ir_prompt, tool)
+        _, first_text, _ = first_argument(ir_prompt, tool)
         head = CALL_PREFIX + tool.qualified_name + NAME_GLUE
         if not result.text.startswith(head + first_text):
             raise SystemExit(f"query {qi}: first-argument decode {first_text!r} is not a prefix "
@@ -301,8 +320,10 @@ def main() -> dict[str, Any]:
             warm = True
         arms = ("ir", "full") if qi % 2 == 0 else ("full", "ir")
         ms: dict[str, float] = {}
+        budget_hit: dict[str, bool] = {}
         for arm in arms:
-            ms[arm], _ = first_argument(ir_prompt if arm == "ir" else full_prompt, tool)
+            ms[arm], _, budget_hit[arm] = first_argument(
+                ir_prompt if arm == "ir" else full_prompt, tool)
         routed = decision.chosen == query.tool
         specified, exact, lenient = score_arguments(query.arguments, result.arguments)
         per_query.append({
@@ -312,7 +333,10 @@ def main() -> dict[str, Any]:
             "lenient": lenient, "valid": result.valid, "errors": list(result.errors),
             "mode": result.mode, "first_arg_text": first_text,
             "first_arg_ms_ir": ms["ir"], "first_arg_ms_full": ms["full"],
+            "first_arg_budget_hit": budget_hit,
             "prompt_tokens_ir": len(ir_prompt), "prompt_tokens_full": len(full_prompt),
+            "tool_tokens_ir": len(encode(tool_signature(tool))),
+            "tool_tokens_full": len(encode(schema_line(tool))),
             "route_ms": {k: v * 1e3 for k, v in decision.timings.items()},
             "generate_ms": result.timings.total_s * 1e3,
         })
@@ -369,6 +393,8 @@ def main() -> dict[str, Any]:
             "prompt_tokens_full_median": float(np.median(
                 [r["prompt_tokens_full"] for r in per_query])),
             "schema_tokens_median": float(np.median(schema_tokens)),
+            "tool_token_saving": 1.0 - sum(r["tool_tokens_ir"] for r in per_query)
+            / sum(r["tool_tokens_full"] for r in per_query),
             "schema_token_saving_registry": float(1 - ir_tokens.sum() / schema_tokens.sum()),
             "ir_stats": {"median": ir_stats.median, "p99": ir_stats.p99, "mean": ir_stats.mean,
                          "max": ir_stats.max, "unit": ir_stats.unit},
@@ -378,6 +404,8 @@ def main() -> dict[str, Any]:
                                                    if k in r["route_ms"]] or [0.0]))
                                 for k in ("embed", "scan", "rerank")},
             "generate_ms_median": float(np.median([r["generate_ms"] for r in per_query])),
+            "first_arg_budget_hit": {arm: sum(r["first_arg_budget_hit"][arm] for r in per_query)
+                                     for arm in ("ir", "full")},
         },
         "targets": {"speedup": TARGET_SPEEDUP, "token_saving": TARGET_SAVING, "json_valid": 1.0,
                     "met": {"speedup": speedup[0] >= TARGET_SPEEDUP,
@@ -385,6 +413,7 @@ def main() -> dict[str, Any]:
         "config": {"text": TEXT, "query_prefix": PREFIX, "k": args.k, "reranker": "ql",
                    "calibration": "calibrate(slb): tools as queries", "decoding": "greedy",
                    "ir": "tool_signature, default IROptions (no descriptions)",
+                   "max_argument_tokens": budget,
                    "full": "system prompt with the tool's JSON (name, description, schema)",
                    "timing": "empty cache, prefill + constrained decode to first value; one "
                              "timed run per arm per query, arms alternating, one warm-up",

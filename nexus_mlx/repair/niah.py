@@ -162,7 +162,7 @@ def _filler(rng: np.random.Generator) -> str:
 
 
 def _values(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` four-digit numbers with distinct leading digits (1-9) and no repeated digit runs."""
+    """``n`` four-digit numbers with distinct leading digits (1-9)."""
     leads = rng.permutation(np.arange(1, 10))[:n]
     return [f"{lead}{rng.integers(0, 1000):03d}" for lead in leads]
 
@@ -196,15 +196,13 @@ def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
     target_values, other_values = values[: spec.n_updates], values[spec.n_updates :]
     head, tail = _template_parts(tokenizer, spec.chat)
 
-    # Sentences of the haystack as (text, kind); facts are inserted between filler sentences.
+    # The deleted block, the echoes and the surviving statements; filler sentences around them.
     edit_block = [_filler(rng) for _ in range(spec.edit_filler)]
     edit_block += [fact(key, target_values[-1], True)]
     edit_block += [_filler(rng) for _ in range(spec.edit_filler)]
     echoes = [_ECHOES[i % len(_ECHOES)].format(key=key) for i in range(spec.echoes)]
     fixed = [fact(key, v, i > 0) for i, v in enumerate(target_values[:-1])]
-    others_facts: list[str] = []
-    for k, v in zip(others, other_values, strict=True):
-        others_facts.append(fact(k, v, False))
+    others_facts = [fact(k, v, False) for k, v in zip(others, other_values, strict=True)]
     fixed_tokens = sum(len(_encode(tokenizer, t)) for t in fixed + others_facts + edit_block + echoes)
     budget = target_len - len(_encode(tokenizer, head + INTRO)) - fixed_tokens
 
