@@ -26,10 +26,12 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.errors import PositionError, TokenError
+from nexus_mlx.kernels.cpu_exp import kernel_applies, silu, softmax
 from nexus_mlx.kv.cache import NexusCache, WritePlan
 from nexus_mlx.kv.rope import apply_rope
 from nexus_mlx.models.arch import LayerPlan, ModelPlan, model_plan
 
+SWIGLU_ARCHITECTURES = ("llama", "qwen2", "qwen3")  # down(silu(gate(x)) * up(x))
 TokenInput = Sequence[int] | np.ndarray | mx.array
 AttentionProbe = Callable[[int, mx.array], None]  # (layer index, probs (1, H, T, N))
 
@@ -107,22 +109,29 @@ def _attend(
     want_probs: bool = False,
 ) -> tuple[mx.array, mx.array | None]:
     """Attention of ``q (1, H, T, D)`` over ``k (1, Hkv, N, D)`` and ``v`` in its layout; also
-    the probabilities ``(1, H, T, N)`` when asked (which forces the explicit path)."""
-    if layer.softcap is None and v_layout == "row" and not want_probs:
+    the probabilities ``(1, H, T, N)`` when asked (which forces the explicit path).
+
+    The fused ``mx.fast.scaled_dot_product_attention`` runs on the GPU; on the CPU the explicit
+    path is used with the vectorized softmax of :mod:`~nexus_mlx.kernels.cpu_exp` (MLX's CPU
+    exp is scalar and dominated long-context attention there, fused path included)."""
+    fused_ok = layer.softcap is None and v_layout == "row" and not want_probs
+    if fused_ok and not kernel_applies(q.dtype):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=layer.scale, mask=mask), None
     _, n_heads, t, d = q.shape
-    n_kv = k.shape[1]
+    n_kv, n = k.shape[1], k.shape[2]
     rep = n_heads // n_kv
-    q = (q * layer.scale).reshape(1, n_kv, rep, t, d)  # (1, Hkv, rep, T, D)
-    scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # (1, Hkv, rep, T, N)
+    q = (q * layer.scale).reshape(1, n_kv, rep * t, d)  # (1, Hkv, rep*T, D): query groups share K
+    scores = q @ k.swapaxes(-1, -2)  # (1, Hkv, rep*T, N)
     if layer.softcap is not None:
         scores = mx.tanh(scores / layer.softcap) * layer.softcap
     if mask is not None:
-        scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
-    probs = mx.softmax(scores, axis=-1, precise=True)
+        grouped = scores.reshape(1, n_kv, rep, t, n)
+        hidden = mx.array(-mx.inf, scores.dtype)
+        scores = mx.where(mask, grouped, hidden).reshape(1, n_kv, rep * t, n)
+    probs = softmax(scores)
     v_rows = v.swapaxes(-1, -2) if v_layout == "transposed" else v  # (1, Hkv, N, D)
-    out = probs @ mx.expand_dims(v_rows, 2)  # (1, Hkv, rep, T, D)
-    return out.reshape(1, n_heads, t, d), probs.reshape(1, n_heads, t, -1) if want_probs else None
+    out = probs @ v_rows  # (1, Hkv, rep*T, D)
+    return out.reshape(1, n_heads, t, d), probs.reshape(1, n_heads, t, n) if want_probs else None
 
 
 def attention_block(model: nn.Module, layer_index: int, x: mx.array, step: StepContext) -> mx.array:
@@ -166,7 +175,15 @@ def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepCon
         r = block.mlp(block.pre_feedforward_layernorm(h))
         return _residual(h, block.post_feedforward_layernorm(r))
     h = h + r
-    return h + block.mlp(block.post_attention_layernorm(h))
+    return h + mlp(block.mlp, block.post_attention_layernorm(h), plan)
+
+
+def mlp(module: nn.Module, x: mx.array, plan: ModelPlan) -> mx.array:
+    """The block's MLP on ``x (1, T, hidden)``: llama/qwen SwiGLU with the vectorized SiLU of
+    :mod:`~nexus_mlx.kernels.cpu_exp` where it applies (float32 on the CPU), else the module."""
+    if plan.architecture in SWIGLU_ARCHITECTURES and kernel_applies(x.dtype):
+        return module.down_proj(silu(module.gate_proj(x)) * module.up_proj(x))
+    return module(x)
 
 
 def embed(model: nn.Module, tokens: mx.array) -> mx.array:
