@@ -24,15 +24,13 @@ with the system C compiler into ``$XDG_CACHE_HOME/nexus-mlx/`` (default ``~/.cac
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from nexus_mlx import _cbuild
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "shim_call_counts"]
 
@@ -113,49 +111,15 @@ def _openblas_config(lib: ctypes.CDLL, prefix: str) -> str | None:
     return raw.decode(errors="replace").strip() if raw else None
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nexus-mlx"
-
-
 def _compile_shim() -> Path:
     """Compile csrc/blas_shim.c into the user cache (keyed by the source hash); return its path."""
     if not _SHIM_SOURCE.is_file():
         raise _Unavailable(f"shim not built and its source {_SHIM_SOURCE} is missing")
-    source = _SHIM_SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    target = _cache_dir() / f"blas_shim-{digest}.so"
-    if target.is_file():
-        return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise _Unavailable("shim not built and no C compiler (cc/gcc) found to build it")
-    tmp: str | None = None
+    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
-        os.close(fd)
-        cmd = [
-            compiler,
-            "-O2",
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            str(_SHIM_SOURCE),
-            "-o",
-            tmp,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise _Unavailable(f"compiling the shim failed: {proc.stderr.strip()[-500:]}")
-        os.replace(tmp, target)  # atomic: concurrent importers never see a partial file
-        tmp = None
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise _Unavailable(f"compiling the shim into {target.parent} failed: {exc}") from exc
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+        return _cbuild.build_shared_library(_SHIM_SOURCE, "blas_shim", flags, timeout=120)
+    except _cbuild.BuildError as exc:
+        raise _Unavailable(f"the shim is not built and building it failed: {exc}") from exc
 
 
 def _find_shim() -> Path:
