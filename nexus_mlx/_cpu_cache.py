@@ -6,8 +6,10 @@ build MLX keeps at most 32 MiB of freed buffers, so every temporary larger than 
 scores of a long prefill: 9 heads x 512 x 2,048 floats are 38 MB) is freshly mapped and
 page-faulted on each use. Measured here: an elementwise multiply over 38 MB took 25 ms with the
 default limit and 4 ms with a larger one; a 2,048-token prefill of the default model went from
-17.9 s to 13.8 s. The limit becomes a quarter of physical memory, at most 8 GiB, unless the
-caller had set a larger one. It holds freed memory for reuse; it allocates nothing.
+17.9 s to 13.8 s. The limit becomes an eighth of physical memory, at most 2 GiB (enough for the
+temporaries of 512-token chunks at 8K context; every process holds its own cache, so it is kept
+modest), unless the caller had set a larger one. It holds freed memory for reuse; it allocates
+nothing.
 
 ``NEXUS_MLX_CPU_CACHE_LIMIT``: a size in bytes to use instead, or ``0`` to leave MLX's default.
 """
@@ -19,7 +21,7 @@ import os
 import mlx.core as mx
 
 ENV_VAR = "NEXUS_MLX_CPU_CACHE_LIMIT"
-MAX_LIMIT = 8 << 30
+MAX_LIMIT = 2 << 30
 
 
 def _has_gpu() -> bool:
@@ -32,7 +34,7 @@ def _default_limit() -> int:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return 1 << 30
-    return int(min(physical // 4, MAX_LIMIT))
+    return int(min(physical // 8, MAX_LIMIT))
 
 
 def tune_cpu_buffer_cache() -> int | None:
