@@ -90,6 +90,7 @@ NAME = "sidecar_accuracy"
 TEXT = "words_params"
 PREFIX = "query: "
 QUICK_QUERIES, QUICK_BUDGET = 3, 24
+CLOSING_BUDGET = 96  # generate_tool_call's default closing_budget
 TARGET_SPEEDUP, TARGET_SAVING = 1.66, 0.75
 
 
@@ -138,7 +139,8 @@ class FirstArgument:
     the tool's grammar (greedy, as ``generate_tool_call`` does) until the first value is done.
 
     After ``budget`` sampled tokens it closes like ``generate_tool_call`` past its
-    ``max_argument_tokens`` (``closing_token`` where that has a choice); such runs are counted.
+    ``max_argument_tokens`` (``closing_token`` where that has a choice) and, like it, stops
+    after ``CLOSING_BUDGET`` more; such runs are counted.
     """
 
     def __init__(self, model: Any, tokenizer: Any, budget: int) -> None:
@@ -157,6 +159,8 @@ class FirstArgument:
                                     ll_tok=self.ll_tok)
         sampled = 0
         while not constraint.is_complete() and not first_value_done(constraint.text):
+            if sampled >= self.budget + CLOSING_BUDGET:
+                break  # generate_tool_call gives up here too (its output is "incomplete")
             forced = constraint.forced_tokens()
             if forced:
                 accepted = constraint.accept_tokens(forced)

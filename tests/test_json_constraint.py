@@ -77,6 +77,23 @@ def walk(constraint: JsonConstraint, rng: random.Random, free: int) -> bool:
     return constraint.is_complete()
 
 
+def test_closing_leaves_a_placeholder_echo_within_a_few_tokens(tokenizer):
+    schema = {"type": "object", "properties": {"owner": {"type": "string"}},
+              "required": ["owner"]}
+    constraint = JsonConstraint(compile_schema(schema), tokenizer, names=["get_repo"])
+    for token in encode(tokenizer, '{"owner": "owner'):
+        assert constraint.accept_token(token)
+    for _ in range(4):  # the guard bans the closing quote after "owner" and "owner0..."
+        if constraint.is_complete():
+            break
+        token = constraint.closing_token()
+        assert token is not None
+        assert constraint.accept_token(token)
+    assert constraint.is_complete(), constraint.text
+    value = json.loads(constraint.text)
+    assert find_placeholders(value, schema, ["get_repo"]) == [], value
+
+
 def check_walks(tools, tokenizer, seed: int, walks: int = 1) -> None:
     rng = random.Random(seed)
     for tool in tools:

@@ -447,8 +447,10 @@ class JsonConstraint:
         return process
 
 
-CLOSE_IN_STRING = ('"}', '"]', '"', '",', "0", "a")
-"""Texts :meth:`JsonConstraint.closing_token` prefers inside a string, in order."""
+CLOSE_IN_STRING = ('"}', '"]', '"', '",', "a", "0")
+"""Texts :meth:`JsonConstraint.closing_token` prefers inside a string, in order. A letter comes
+before a digit: when the placeholder guard forbids closing an echo such as ``"owner"``, digits
+would keep it an echo (``"owner00"``) while a letter ends the echo and lets the string close."""
 CLOSE_OUTSIDE = ("}", "]", ",", '"', "0", "1", "true", "false", "null", ":")
 """Texts :meth:`JsonConstraint.closing_token` prefers outside strings, in order."""
 
