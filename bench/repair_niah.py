@@ -10,7 +10,7 @@ cache (``repair_metrics``). Allocators score relevance against the question text
 names missing from the registry are skipped and listed under ``missing``.
 JSON: {"model", "n_cases", "references": {name: {"em", "kl", "agree", "kv_dev"}},
        "allocators": {name: {budget: {"em", "kl", "agree", "kv_dev", "repair_s"}}}, "missing"}
-(each entry also has "em_ci" and "em_by_length"; "dirty_answers_deleted_value" is how often
+(each entry also has "em_ci", "em_by_length", "kl_median" and the per-case "kl_cases"; "dirty_answers_deleted_value" is how often
 Dirty gave the deleted value, i.e. how often the deletion changes the model's answer).
 Options: --cases N, --allocators a,b (or "none"), --budgets 2,5, --references a,b,
 --lengths 1024,2048, --out NAME (results file name). PNG: results/<out>.png.
@@ -59,11 +59,15 @@ def _boot_ci(values: list[float], n_boot: int = 2000, seed: int = 0) -> list[flo
 
 
 def summarize(rows: list[dict[str, float]], lengths: list[int]) -> dict[str, object]:
-    """Means of every metric over cases, a bootstrap CI of EM, and EM per context length."""
+    """Means of every metric over cases, the median and per-case KLs, a bootstrap CI of EM, and
+    EM per context length."""
     out: dict[str, object] = {}
     for key in rows[0]:
         vals = [r[key] for r in rows if r[key] is not None]
         out[key] = _mean(vals)
+    kls = [r["kl"] for r in rows if r["kl"] is not None]
+    out["kl_median"] = float(np.median(kls)) if kls else None
+    out["kl_cases"] = kls  # per case, in case order: paired comparisons between arms
     out["em_ci"] = _boot_ci([r["em"] for r in rows])
     out["em_by_length"] = {
         str(n): _mean([r["em"] for r, m in zip(rows, lengths, strict=True) if m == n])
