@@ -3,7 +3,8 @@
 Contract: ``figure(ncols)`` returns a new figure and its axes; ``save(fig, name, quick)`` writes
 ``results/<name>.png`` (``results/quick/<name>.png`` with ``--quick``), next to the JSON that
 ``common.emit`` writes, closes the figure and returns the path. ``error_bars`` turns medians and
-``[lo, hi]`` intervals into the asymmetric error array matplotlib wants.
+``[lo, hi]`` intervals into the asymmetric error array matplotlib wants; ``series_styles`` and
+``budget_axis`` keep many-series budget plots legible.
 
 matplotlib is imported here only, so scripts import this module after ``common``. It does not
 know what a benchmark measured.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -35,6 +37,21 @@ def error_bars(medians: Sequence[float], cis: Sequence[Sequence[float]]) -> np.n
     med = np.asarray(medians, dtype=np.float64)
     ci = np.asarray(cis, dtype=np.float64).reshape(-1, 2)
     return np.stack([np.maximum(med - ci[:, 0], 0.0), np.maximum(ci[:, 1] - med, 0.0)])
+
+
+def series_styles(n: int) -> list[dict[str, Any]]:
+    """``n`` distinct line styles (20 colours, then markers cycle) for many-series plots."""
+    colours = plt.get_cmap("tab20").colors
+    markers = "osD^v<>pXh"
+    return [{"color": colours[i % len(colours)], "marker": markers[i // 2 % len(markers)]}
+            for i in range(n)]
+
+
+def budget_axis(ax: Any, budgets: Sequence[float]) -> None:
+    """A log x axis labelled at exactly ``budgets`` (no overlapping minor labels)."""
+    ax.set_xscale("log")
+    ax.set_xticks(list(budgets), [f"{b:g}" for b in budgets])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def save(fig: Any, name: str, quick: bool) -> Path:

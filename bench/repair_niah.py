@@ -80,16 +80,18 @@ def summarize(rows: list[dict[str, float]], lengths: list[int]) -> dict[str, obj
 def plot(result: dict[str, object], name: str, quick: bool):
     """EM, KL and K/V deviation against the budget; None when matplotlib is missing."""
     try:
-        from plots import figure, save
+        from plots import budget_axis, figure, save, series_styles
     except ImportError:
         return None
     fig, axes = figure(3, width=5.0, height=4.5)
     allocs: dict = result["allocators"]  # type: ignore[assignment]
-    for alloc, by_budget in allocs.items():
+    all_budgets: set[float] = set()
+    for (alloc, by_budget), style in zip(allocs.items(), series_styles(len(allocs)), strict=True):
         budgets = sorted(by_budget, key=float)
         xs = [float(b) for b in budgets]
+        all_budgets.update(xs)
         for ax, metric in zip(axes, ("em", "kl", "kv_dev"), strict=True):
-            ax.plot(xs, [by_budget[b][metric] for b in budgets], marker="o", ms=3, label=alloc)
+            ax.plot(xs, [by_budget[b][metric] for b in budgets], ms=3, label=alloc, **style)
     refs: dict = result["references"]  # type: ignore[assignment]
     styles = {"dirty": ("r", ":"), "shift": ("k", "--"), "replay": ("g", "-."),
               "reprefill": ("b", "-")}
@@ -99,11 +101,13 @@ def plot(result: dict[str, object], name: str, quick: bool):
             if value is not None and (metric == "em" or value > 0):  # log axes: skip exact zeros
                 color, style = styles[ref]
                 ax.axhline(value, ls=style, color=color, lw=1, label=f"{ref} (ref)")
-    axes[0].set(xscale="log", xlabel="budget (%)", ylabel="exact match", title="EM")
-    axes[1].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="nats",
-                title="KL(re-prefill || arm), answer position")
-    axes[2].set(xscale="log", yscale="log", xlabel="budget (%)", ylabel="relative deviation",
+    axes[0].set(xlabel="budget (%)", ylabel="exact match", title="EM")
+    axes[1].set(yscale="log", xlabel="budget (%)", ylabel="nats",
+                title="KL(re-prefill || arm), answer position (mean)")
+    axes[2].set(yscale="log", xlabel="budget (%)", ylabel="relative deviation",
                 title="suffix K/V deviation from Replay")
+    for ax in axes:
+        budget_axis(ax, sorted(all_budgets))
     axes[0].legend(fontsize=6, ncol=2)
     for ax in axes:
         ax.grid(alpha=0.3)
