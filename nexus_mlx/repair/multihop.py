@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from nexus_mlx.repair.edit import Edit
+from nexus_mlx.repair.prompting import chat_template_parts, encode_plain
 
 PLACEMENTS = ("before", "between", "after")
 INSTRUCTION = "Read the passages and answer the question.\n\n"
@@ -131,21 +132,6 @@ def passage_text(passage: Passage) -> str:
     return f"Title: {passage.title}\n{passage.text}\n\n"
 
 
-def _template_parts(tokenizer: Any, chat: bool) -> tuple[str, str]:
-    sentinel = "\u0000QA\u0000"
-    if chat and getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True
-        )
-        head, tail = rendered.split(sentinel)
-        return head, tail
-    return "", "\n"
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def build_case(tokenizer: Any, item: QAItem, index: int, spec: QASpec | None = None) -> QACase:
     """Case ``index`` from ``item`` (see the module docstring)."""
     spec = spec or QASpec()
@@ -169,14 +155,14 @@ def build_case(tokenizer: Any, item: QAItem, index: int, spec: QASpec | None = N
     else:
         gap = len(support)
     ordered = [kept[0], *support[:gap]], [*support[gap:], *kept[1:]]
-    head, tail = _template_parts(tokenizer, spec.chat)
+    head, tail = chat_template_parts(tokenizer, spec.chat)
     p_parts = [head, INSTRUCTION] + [passage_text(p) for p in ordered[0]]
     e_text = passage_text(inserted)
     s_parts = [passage_text(p) for p in ordered[1]]
-    ids_p = [i for t in p_parts for i in _encode(tokenizer, t)]
-    ids_e = _encode(tokenizer, e_text)
-    ids_s = [i for t in s_parts for i in _encode(tokenizer, t)]
-    query = _encode(tokenizer,
+    ids_p = [i for t in p_parts for i in encode_plain(tokenizer, t)]
+    ids_e = encode_plain(tokenizer, e_text)
+    ids_s = [i for t in s_parts for i in encode_plain(tokenizer, t)]
+    query = encode_plain(tokenizer,
                     f"Question: {item.question}\nAnswer in a few words.{tail}{ANSWER_PREFIX}")
     p0 = len(ids_p)
     return QACase(

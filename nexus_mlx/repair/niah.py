@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from nexus_mlx.repair.edit import Edit
+from nexus_mlx.repair.prompting import chat_template_parts, encode_plain
 
 KEYS: tuple[str, ...] = (
     "harbor", "meadow", "lantern", "glacier", "canyon", "falcon", "ember", "quartz", "willow",
@@ -144,18 +145,6 @@ class NiahCase:
         return self.n_tokens - self.edit.p1
 
 
-def _template_parts(tokenizer: Any, chat: bool) -> tuple[str, str]:
-    """(text before the user's content, text between it and the assistant's reply)."""
-    sentinel = "\u0000NIAH\u0000"
-    if chat and getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True
-        )
-        head, tail = rendered.split(sentinel)
-        return head, tail
-    return "", "\n"
-
-
 def _filler(rng: np.random.Generator) -> str:
     words = [bank[rng.integers(len(bank))] for bank in (_SUBJECTS, _ACTIONS, _PLACES, _TAILS)]
     return " " + " ".join(words)
@@ -182,10 +171,6 @@ def answer_prefix(key: str) -> str:
     return f"The latest secret number for {key} is "
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
     """Case ``index`` of ``spec`` (see the module docstring for the construction)."""
     rng = np.random.default_rng([spec.seed, index])
@@ -194,7 +179,7 @@ def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
     key, others = keys[0], keys[1:]
     values = _values(rng, spec.n_updates + spec.n_distractors)
     target_values, other_values = values[: spec.n_updates], values[spec.n_updates :]
-    head, tail = _template_parts(tokenizer, spec.chat)
+    head, tail = chat_template_parts(tokenizer, spec.chat)
 
     # The deleted block, the echoes and the surviving statements; filler sentences around them.
     edit_block = [_filler(rng) for _ in range(spec.edit_filler)]
@@ -203,14 +188,14 @@ def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
     echoes = [_ECHOES[i % len(_ECHOES)].format(key=key) for i in range(spec.echoes)]
     fixed = [fact(key, v, i > 0) for i, v in enumerate(target_values[:-1])]
     others_facts = [fact(k, v, False) for k, v in zip(others, other_values, strict=True)]
-    fixed_tokens = sum(len(_encode(tokenizer, t)) for t in fixed + others_facts + edit_block + echoes)
-    budget = target_len - len(_encode(tokenizer, head + INTRO)) - fixed_tokens
+    fixed_tokens = sum(len(encode_plain(tokenizer, t)) for t in fixed + others_facts + edit_block + echoes)
+    budget = target_len - len(encode_plain(tokenizer, head + INTRO)) - fixed_tokens
 
     fillers: list[str] = []
     used = 0
     while True:
         sentence = _filler(rng)
-        n = len(_encode(tokenizer, sentence)) + (len(fillers) % 6 == 5)  # + paragraph break
+        n = len(encode_plain(tokenizer, sentence)) + (len(fillers) % 6 == 5)  # + paragraph break
         if used + n > budget:
             break
         fillers.append(sentence)
@@ -240,11 +225,11 @@ def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
         parts.append(sentence.lstrip() if parts and parts[-1].endswith("\n") else sentence)
     e_parts = edit_block
 
-    ids_p = [i for t in p_parts for i in _encode(tokenizer, t)]
-    ids_e = [i for t in e_parts for i in _encode(tokenizer, t)]
-    ids_s = [i for t in s_parts for i in _encode(tokenizer, t)]
+    ids_p = [i for t in p_parts for i in encode_plain(tokenizer, t)]
+    ids_e = [i for t in e_parts for i in encode_plain(tokenizer, t)]
+    ids_s = [i for t in s_parts for i in encode_plain(tokenizer, t)]
     question = question_text(key)
-    query = _encode(tokenizer, _PARAGRAPH + question + tail + answer_prefix(key))
+    query = encode_plain(tokenizer, _PARAGRAPH + question + tail + answer_prefix(key))
     tokens = np.asarray(ids_p + ids_e + ids_s, dtype=np.int64)
     p0 = len(ids_p)
     return NiahCase(
