@@ -5,7 +5,8 @@ the default ``pytest`` run, whose ``testpaths`` is ``tests``).
 result against a reference before it times anything. Models here are random-weight mlx-lm
 models with SmolLM2-135M's K/V geometry (30 layers, 3 KV heads of width 64) and a tiny rest, so
 copies move real-sized K/V while forward passes stay cheap; the real tokenizer and tool data are
-used where masks depend on them (skipped when absent).
+used where masks depend on them (skipped when absent). The ``--benchmark-json`` file keeps each
+benchmark's statistics but not its raw per-round timings (tens of thousands of numbers).
 """
 
 import nexus_mlx  # noqa: F401  (must precede mlx imports)
@@ -65,3 +66,10 @@ def github_tools():
     if not GITHUB.is_file():
         pytest.skip(f"{GITHUB} not present")
     return load_tools(GITHUB)
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Drop the raw per-round timings from the JSON (the statistics stay): a committed result
+    should be kilobytes, not megabytes."""
+    for bench in output_json.get("benchmarks", []):
+        bench.get("stats", {}).pop("data", None)
