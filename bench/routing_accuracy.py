@@ -22,9 +22,11 @@ Per N it reports, over the same queries:
   token window; run on the first ``--oracle-n`` queries only (it costs minutes per query here),
   and not run (recorded with its prompt length) above ``--oracle-max-tokens``.
 
-Rerankers (``--rerankers``, the first one gives ``accuracy``): ``ql`` is query likelihood (this
-file's :class:`QueryLikelihoodReranker`: the LLM's mean log-probability of the request written
-after each candidate's ``"name words: description"``; per-tool prompt caches are reused);
+Rerankers (``--rerankers``, the first one gives ``accuracy``): ``ql`` is the library default,
+:class:`~nexus_mlx.routing.rerank.QueryLikelihoodReranker` (the LLM's mean log-probability of the
+request written after each candidate's ``"name words: description"``, plus
+``--retrieval-weight`` times the candidate's SLB cosine; per-tool prompt caches are reused and
+likelihoods memoised on disk); ``ql0`` is the same without the cosine (weight 0);
 ``listing`` is the library's :class:`~nexus_mlx.routing.rerank.LLMReranker` (pick a name from
 a list of IR signatures); ``none`` is the SLB top-1. Tool text (``--text``): ``name_desc``
 (``"name: description"``, the baseline's), ``params`` (the registry's
@@ -55,10 +57,8 @@ from common import ROOT, arg_parser, emit  # noqa: I001  (loads nexus_mlx before
 import hashlib
 import json
 import math
-import re
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,13 +70,21 @@ import numpy as np
 import nexus_mlx
 from nexus_mlx.agent.registry import ToolRegistry, load_tools, text_for_embedding
 from nexus_mlx.agent.tools import Tool, sanitize_name
-from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate
 from nexus_mlx.decode.tool_call import CALL_PREFIX
-from nexus_mlx.routing.rerank import INSTRUCTION, LLMReranker
-from nexus_mlx.routing.router import Router
+from nexus_mlx.routing.rerank import (
+    DEFAULT_RETRIEVAL_WEIGHT,
+    INSTRUCTION,
+    QL_ANSWER,
+    QL_PROMPT,
+    LLMReranker,
+    QueryLikelihoodReranker,
+    chat_prompt,
+    tool_prose,
+)
+from nexus_mlx.routing.router import DEFAULT_K, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 
 NAME = "routing_accuracy"
@@ -103,34 +111,10 @@ def log(message: str) -> None:
 # Tool texts and queries
 
 
-def split_words(identifier: str) -> str:
-    """``getHealthWorkforce`` / ``list_pull_requests`` -> ``get health workforce`` / ``list pull
-    requests``: camel case and ``_ - .`` separators become spaces, lower-cased."""
-    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", identifier)
-    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", text)
-    return " ".join(re.sub(r"[_\-.]+", " ", text).split()).lower()
-
-
-def words_params_text(tool: Tool) -> str:
-    """``"name words: description. Parameters: param words, ..."`` on one line."""
-    description = " ".join(tool.description.split())
-    text = f"{split_words(tool.name)}: {description}" if description else split_words(tool.name)
-    if tool.parameter_names:
-        stop = "" if not description or description[-1] in ".!?" else "."
-        text += f"{stop} Parameters: {', '.join(split_words(p) for p in tool.parameter_names)}."
-    return text
-
-
-def tool_prose(tool: Tool) -> str:
-    """What the query-likelihood reranker reads about a tool: ``"name words: description"``."""
-    description = " ".join(tool.description.split())
-    return f"{split_words(tool.name)}: {description}" if description else split_words(tool.name)
-
-
 TEXTS: dict[str, Callable[[Tool], str]] = {
-    "name_desc": lambda t: text_for_embedding(t, parameters=False),
-    "params": lambda t: text_for_embedding(t, parameters=True),
-    "words_params": words_params_text,
+    "name_desc": lambda t: text_for_embedding(t, parameters=False, split_names=False),
+    "params": lambda t: text_for_embedding(t, parameters=True, split_names=False),
+    "words_params": lambda t: text_for_embedding(t, parameters=True),  # the library default
 }
 
 
@@ -225,50 +209,19 @@ class PrecomputedEmbedder:
 # ---------------------------------------------------------------------------------------------
 # Rerankers and the oracle
 
-QL_PROMPT = "Tool: {tool}\nWrite a request that a user might send to this tool."
-QL_ANSWER = "Request:"
+class StoredLikelihoodReranker(QueryLikelihoodReranker):
+    """The library's :class:`QueryLikelihoodReranker` whose (request, tool text) likelihoods are
+    memoised, and with ``store`` kept in a JSON file across runs (keys hash the prompt
+    template, tool text and request): draws at several N and reruns share the LLM work."""
 
-
-def chat_prompt(tokenizer: Any, user: str, answer_prefix: str) -> list[int]:
-    """Chat-template ids of one user message, the assistant turn opened with ``answer_prefix``."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(ids, dict):
-        ids = ids["input_ids"]
-    return list(ids) + list(tokenizer.encode(answer_prefix, add_special_tokens=False))
-
-
-def continuation_logprobs(
-    model: Any, cache: NexusCache, last: mx.array, ids: Sequence[int]
-) -> np.ndarray:
-    """Log-probabilities of ``ids`` continuing a prefilled prompt (``cache`` is advanced)."""
-    logits = forward(model, list(ids), cache)  # (1, T, V)
-    stacked = mx.concatenate([last, logits[0, :-1]], axis=0)  # (T, V): predicts each id
-    logprobs = stacked - mx.logsumexp(stacked, axis=-1, keepdims=True)
-    return np.asarray(logprobs[mx.arange(len(ids)), mx.array(list(ids))])  # (T,)
-
-
-class QueryLikelihoodReranker:
-    """Ranks candidates by how likely the LLM finds the request after reading each tool.
-
-    Score of tool t for request q: mean log p(q | chat prompt ``QL_PROMPT`` with t's
-    ``tool_prose``, assistant turn opened with ``"Request:"``). Every candidate continues with
-    the same request tokens, so scores are comparable. A tool's prompt is prefilled once and
-    kept (LRU, ``max_prompts``); each (request, tool text) score is memoised, and with ``store``
-    kept in a JSON file across runs (keys hash the prompt template, tool text and request).
-    """
-
-    def __init__(self, model: Any, tokenizer: Any, *, max_prompts: int = 96,
-                 store: Path | None = None) -> None:
-        self.model, self.tokenizer, self.max_prompts = model, tokenizer, max_prompts
-        self._prompts: OrderedDict[str, tuple[NexusCache, mx.array]] = OrderedDict()
+    def __init__(self, model: Any, tokenizer: Any, *, store: Path | None = None,
+                 retrieval_weight: float = DEFAULT_RETRIEVAL_WEIGHT) -> None:
+        super().__init__(model, tokenizer, retrieval_weight=retrieval_weight)
         self.store = store
         self._scores: dict[str, float] = {}
         if store is not None and store.is_file():
             self._scores = json.loads(store.read_text())
         self._unsaved = 0
-        self.calls = 0
         self.scored = 0
 
     def flush(self) -> None:
@@ -282,39 +235,16 @@ class QueryLikelihoodReranker:
             os.replace(tmp, self.store)
             self._unsaved = 0
 
-    def _prompt(self, tool: Tool) -> tuple[NexusCache, mx.array]:
-        key = tool.qualified_name
-        if key in self._prompts:
-            self._prompts.move_to_end(key)
-            return self._prompts[key]
-        ids = chat_prompt(self.tokenizer, QL_PROMPT.format(tool=tool_prose(tool)), QL_ANSWER)
-        cache = make_cache(self.model)
-        last = forward(self.model, ids, cache, logits="last")[0]  # (1, V)
-        mx.eval(last)
-        cache.evaluate()
-        self._prompts[key] = (cache, last)
-        if len(self._prompts) > self.max_prompts:
-            self._prompts.popitem(last=False)
-        return cache, last
-
-    def score(self, query: str, tool: Tool) -> float:
+    def likelihood(self, query: str, tool: Tool) -> float:
         key = hashlib.sha256(json.dumps([QL_PROMPT, QL_ANSWER, tool.qualified_name,
                                          tool_prose(tool), query]).encode()).hexdigest()[:24]
         if key not in self._scores:
-            cache, last = self._prompt(tool)
-            ids = self.tokenizer.encode(" " + query, add_special_tokens=False)
-            self._scores[key] = float(continuation_logprobs(self.model, cache.copy(), last,
-                                                            ids).mean())
+            self._scores[key] = super().likelihood(query, tool)
             self.scored += 1
             self._unsaved += 1
             if self._unsaved >= 50:
                 self.flush()
         return self._scores[key]
-
-    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
-        self.calls += 1
-        scored = [(t.qualified_name, self.score(query, t)) for t in tools]
-        return sorted(scored, key=lambda pair: -pair[1])  # stable: SLB order breaks ties
 
 
 class MemoReranker:
@@ -325,11 +255,13 @@ class MemoReranker:
         self._memo: dict[tuple[str, tuple[str, ...]], list[tuple[str, float]]] = {}
         self.calls = 0
 
-    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
+    def rerank(self, query: str, tools: Sequence[Tool],
+               retrieval_scores: Sequence[float] | None = None) -> list[tuple[str, float]]:
         self.calls += 1
-        key = (query, tuple(t.qualified_name for t in tools))
+        key = (query, tuple(t.qualified_name for t in tools),
+               None if retrieval_scores is None else tuple(round(s, 6) for s in retrieval_scores))
         if key not in self._memo:
-            self._memo[key] = self.inner.rerank(query, tools)
+            self._memo[key] = self.inner.rerank(query, tools, retrieval_scores)
         return self._memo[key]
 
 
@@ -353,7 +285,8 @@ class ConcatAllOracle(LLMReranker):
         return chat_prompt(self.tokenizer, INSTRUCTION.format(tools=listing, query=query),
                            CALL_PREFIX)
 
-    def rerank(self, query: str, tools: Sequence[Tool]) -> list[tuple[str, float]]:
+    def rerank(self, query: str, tools: Sequence[Tool],
+               retrieval_scores: Sequence[float] | None = None) -> list[tuple[str, float]]:
         ids = self.prompt_tokens(query, tools)
         cache = make_cache(self.model)
         for start in range(0, len(ids), PREFILL_CHUNK):
@@ -625,10 +558,14 @@ def parse_args() -> Any:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated N (capped at pool)")
     parser.add_argument("--n", type=int, default=200, help="queries (file order)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--k", type=int, default=5, help="SLB candidates handed to the reranker")
+    parser.add_argument("--k", type=int, default=DEFAULT_K,
+                        help="SLB candidates handed to the reranker (the library default)")
     parser.add_argument("--text", choices=sorted(TEXTS), default="words_params")
     parser.add_argument("--query-prefix", default="query: ")
-    parser.add_argument("--rerankers", default="ql,none", help="ql, listing, none; first is main")
+    parser.add_argument("--rerankers", default="ql,ql0,none",
+                        help="ql, ql0, listing, none; the first is the main one")
+    parser.add_argument("--retrieval-weight", type=float, default=DEFAULT_RETRIEVAL_WEIGHT,
+                        help="ql's weight on the SLB cosine (the library default)")
     parser.add_argument("--calibration", choices=("tools", "heldout"), default="tools")
     parser.add_argument("--oracle-n", type=int, default=10)
     parser.add_argument("--oracle-max-tokens", type=int, default=CONTEXT_WINDOW)
@@ -673,8 +610,10 @@ def main() -> dict[str, Any]:
     model, tokenizer = nexus_mlx.load("default")
     timing["load_llm_s"] = time.perf_counter() - t0
     store = None if args.cache is None else args.cache / "ql-scores.json"
-    available = {"ql": lambda: MemoReranker(QueryLikelihoodReranker(model, tokenizer,
-                                                                    store=store)),
+    available = {"ql": lambda: MemoReranker(StoredLikelihoodReranker(
+                     model, tokenizer, store=store, retrieval_weight=args.retrieval_weight)),
+                 "ql0": lambda: MemoReranker(StoredLikelihoodReranker(
+                     model, tokenizer, store=store, retrieval_weight=0.0)),
                  "listing": lambda: MemoReranker(LLMReranker(model, tokenizer)),
                  "none": lambda: None}
     rerankers = {label: available[label]() for label in labels}
@@ -730,7 +669,8 @@ def main() -> dict[str, Any]:
         "config": {
             "registry": str(args.registry), "queries": str(args.queries), "seed": args.seed,
             "text": args.text, "query_prefix": args.query_prefix, "k": args.k,
-            "rerankers": labels, "calibration": args.calibration,
+            "rerankers": labels, "retrieval_weight": args.retrieval_weight,
+            "calibration": args.calibration,
             "calibration_note": "tau = calibrate(slb) per registry (20th percentile of "
                                 "adversarial margins; the tools' own texts stand in for "
                                 "queries)" if args.calibration == "tools" else

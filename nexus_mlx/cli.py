@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
              commands.cmd_route)
     p.add_argument("query", help="the user's request")
     p.add_argument("--tools", required=True, help=TOOLS_HELP)
-    p.add_argument("-k", type=int, default=5, help="candidates the SLB returns")
+    p.add_argument("-k", type=int, default=None,
+                   help="candidates the SLB returns (default: the router's, 10)")
     p.add_argument("--max-tokens", type=int, default=96, help="argument tokens at most")
 
     p = _add(sub, "splice-demo", "splice a compiled schema at several depths vs a text prefill",

@@ -107,28 +107,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
 # ---- route -------------------------------------------------------------------------------
 def cmd_route(args: argparse.Namespace) -> int:
     from nexus_mlx.decode.tool_call import call_tool
-    from nexus_mlx.routing.embedder import Embedder
-    from nexus_mlx.routing.gate import CalibrationError, MarginGate, calibrate
     from nexus_mlx.routing.ir import tool_signature
-    from nexus_mlx.routing.rerank import LLMReranker
-    from nexus_mlx.routing.router import Router
-    from nexus_mlx.routing.slb import SemanticLookasideBuffer
+    from nexus_mlx.routing.router import DEFAULT_K, build_router
 
     registry = load_registry(args.tools)
     model, tokenizer = load(args.model)
-    embedder = Embedder.load()
-    slb, embed_s = _timed(lambda: SemanticLookasideBuffer.from_registry(
-        registry, embedder, embedder_id="all-MiniLM-L6-v2"))
-    try:
-        gate = calibrate(slb).gate()
-    except CalibrationError:
-        gate = MarginGate(0.0)
-    router = Router(registry, embedder, slb, gate, LLMReranker(model, tokenizer), k=args.k)
+    router, embed_s = _timed(lambda: build_router(
+        registry, model, tokenizer, k=DEFAULT_K if args.k is None else args.k))
     decision = router.route(args.query)
-    print(f"registry: {len(registry)} tools embedded in {embed_s:.2f} s")
+    print(f"registry: {len(registry)} tools embedded and calibrated in {embed_s:.2f} s")
     for name, score in decision.candidates:
         print(f"  {score:7.4f}  {name}")
-    verdict = "escalated to the LLM reranker" if decision.escalated else "auto-routed"
+    verdict = "escalated to the reranker" if decision.escalated else "auto-routed"
     print(f"margin {decision.margin:.4f} vs tau {decision.tau:.4f}: {verdict} -> {decision.chosen}")
     tool = registry.get(decision.chosen)
     print(f"IR: {tool_signature(tool)}")

@@ -31,11 +31,8 @@ from nexus_mlx.agent.registry import ToolRegistry, load_tools
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.load import load
 from nexus_mlx.routing.embedder import Embedder
-from nexus_mlx.routing.gate import CalibrationError, MarginGate, calibrate
 from nexus_mlx.routing.ir import tool_signature
-from nexus_mlx.routing.rerank import LLMReranker
-from nexus_mlx.routing.router import Router
-from nexus_mlx.routing.slb import SemanticLookasideBuffer
+from nexus_mlx.routing.router import QUERY_PREFIX, build_router
 from nexus_mlx.splice.compile import compile_block, compile_directory
 from nexus_mlx.splice.splice import splice
 
@@ -141,7 +138,8 @@ def run_demo(model_spec: str = "default", say: Say = print) -> int:
     blas = nexus_mlx.BLAS_STATUS
     say(f"nexus-mlx {nexus_mlx.__version__} | BLAS: {blas.library if blas.loaded else blas.reason}")
     model, tokenizer = _timed(say, f"loaded model {model_spec!r}", lambda: load(model_spec))
-    embedder = _timed(say, "loaded embedder all-MiniLM-L6-v2", Embedder.load)
+    embedder = _timed(say, "loaded embedder all-MiniLM-L6-v2",
+                      lambda: Embedder.load(query_prefix=QUERY_PREFIX))
     with ExitStack() as stack:
         repo = stack.enter_context(_demo_repository())
         specs = {
@@ -151,17 +149,14 @@ def run_demo(model_spec: str = "default", say: Say = print) -> int:
         }
         servers = {ns: stack.enter_context(McpServer(spec)) for ns, spec in specs.items()}
         registry = _registry(servers, say)
-        slb = _timed(say, f"embedded {len(registry)} tools into the INT8 SLB",
-                     lambda: SemanticLookasideBuffer.from_registry(registry, embedder,
-                                                                   embedder_id="all-MiniLM-L6-v2"))
-        try:
-            cal = calibrate(slb)
-            gate = cal.gate()
+        router = _timed(say, f"embedded {len(registry)} tools into the INT8 SLB, calibrated the "
+                        "gate", lambda: build_router(registry, model, tokenizer, embedder=embedder))
+        cal = router.calibration
+        if cal is not None:
             say(f"gate: tau {cal.tau:.4f} (20th percentile of {cal.n_adversarial} adversarial "
                 f"margins), fire rate {cal.fire_rate:.0%}")
-        except CalibrationError as exc:
-            gate = MarginGate(0.0)
-            say(f"gate: not calibrated ({exc}); auto-routing everything")
+        else:
+            say("gate: registry too small to calibrate; auto-routing everything")
         live = [t for t in registry if t.server in servers]
         blocks = stack.enter_context(tempfile.TemporaryDirectory(prefix="nexus-atb-"))
         texts = {t.qualified_name: json.dumps({"name": t.name, "inputSchema": t.input_schema})
@@ -170,7 +165,6 @@ def run_demo(model_spec: str = "default", say: Say = print) -> int:
                         lambda: compile_directory(model, tokenizer, texts, blocks, context=SYSTEM))
         say(f"  ({len(report.written)} written, {len(report.up_to_date)} up to date)")
         _splice_showcase(model, tokenizer, registry, say)
-        router = Router(registry, embedder, slb, gate, LLMReranker(model, tokenizer))
         agent = Agent(model, tokenizer, registry, router, servers, max_argument_tokens=48)
         executable = {t.qualified_name for t in live if t.annotations.get("readOnlyHint")}
         for request in REQUESTS:

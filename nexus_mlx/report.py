@@ -45,6 +45,7 @@ from nexus_mlx.report_sections import (
     dkl_section,
     embedder_section,
     engine_section,
+    fusion_section,
     gating_section,
     l0_section,
     masks_section,
@@ -82,6 +83,8 @@ P1, P2, ENG = "Paper 1: Nexus", "Paper 2: Semantic-Unit Refresh", "Engineering b
 BENCHES: tuple[Bench, ...] = (
     Bench("routing_accuracy", "Fig. 1: routing accuracy vs registry size", P1, routing_section),
     Bench("calibration", "Margin-gate calibration (tau, fire rate)", P1, calibration_section),
+    Bench("rerank_fusion", "Reranker settings chosen on held-out queries (k, retrieval weight)",
+          P1, fusion_section),
     Bench("gating_nogo", "Table II: reference-free drift gate (no-go)", P1, gating_section),
     Bench("deep_splice_ttft", "Table III: deep-splice time to first token", P1, ttft_section),
     Bench("sidecar_accuracy", "Table IV: sidecar first-argument latency and accuracy", P1,

@@ -71,6 +71,23 @@ def routing_section(d: dict[str, Any]) -> list[str]:
                   "oracle", "paper"], rows)
 
 
+def fusion_section(d: dict[str, Any]) -> list[str]:
+    chosen = mapping(d, "chosen")
+    slb = mapping(d, "slb_only")
+    head = [f"Held-out Seal-Tools dev-difficult queries (n = {fmt(d.get('n_queries'))}, any gold "
+            f"call counts), whole 4,076-tool pool; gate tau {fmt(d.get('tau'), '.4f')}, "
+            f"{fmt(d.get('n_escalated'))} escalated. Chosen: k = {fmt(chosen.get('k'))}, "
+            f"retrieval weight {fmt(chosen.get('weight'), 'g')}. SLB top-1 alone: "
+            f"{fmt(slb.get('accuracy_escalated'))} on escalated queries, "
+            f"{fmt(slb.get('accuracy_all'))} on all.", ""]
+    rows = [[fmt(c.get("k")), fmt(c.get("weight"), "g"), fmt(c.get("accuracy_escalated")),
+             fmt_ci(c.get("ci_escalated")), fmt(c.get("accuracy_all")),
+             fmt(c.get("accuracy_end_to_end"))]
+            for c in sort_by(records(d.get("grid")), "k", "weight")]
+    return head + table(["k", "retrieval weight", "escalated accuracy", "95% CI",
+                         "all reranked", "end to end (gate)"], rows)
+
+
 def gating_section(d: dict[str, Any]) -> list[str]:
     lines = table(["metric", "measured", "paper"],
                   [["mean Spearman (proxy vs true drift)", fmt(d.get("mean_spearman")), "0.193"]])
@@ -119,7 +136,10 @@ SIDECAR_METRICS = (
 
 def sidecar_section(d: dict[str, Any]) -> list[str]:
     rows = [[label, fmt(d.get(key), spec), paper] for key, label, spec, paper in SIDECAR_METRICS]
-    rows.append(["token saving", fmt_pct(d.get("token_saving")), "~80%"])
+    rows.append(["token saving (tool text: IR vs JSON definition)",
+                 fmt_pct(d.get("token_saving")), "~80%"])
+    if "prompt_token_saving" in d:
+        rows.append(["token saving (whole prompt)", fmt_pct(d.get("prompt_token_saving")), ""])
     return table(["metric", "measured", "paper"], rows)
 
 

@@ -22,6 +22,7 @@ from nexus_mlx.agent.registry import (
     load_tools_json,
     seal_tool,
     seal_type,
+    split_identifier,
     text_for_embedding,
 )
 from nexus_mlx.agent.tools import (
@@ -105,10 +106,27 @@ def test_seal_names_are_rejected_without_sanitizing() -> None:
 def test_text_for_embedding_on_github() -> None:
     tool = load_tools_json(GITHUB).get("create_repository")
     assert text_for_embedding(tool) == (
+        "create repository: Create a new GitHub repository in your account or specified "
+        "organization. Parameters: auto init, description, name, organization, private."
+    )
+    assert text_for_embedding(tool, split_names=False) == (
         "create_repository: Create a new GitHub repository in your account or specified "
         "organization. Parameters: autoInit, description, name, organization, private."
     )
     assert text_for_embedding(tool, parameters=False).endswith("specified organization")
+
+
+@pytest.mark.parametrize(("identifier", "words"), [
+    ("getHealthWorkforce", "get health workforce"),
+    ("list_pull_requests", "list pull requests"),
+    ("HTTPServerStatus", "http server status"),
+    ("get-file.contents", "get file contents"),
+    ("ghsaId", "ghsa id"),
+    ("v2Name", "v2 name"),
+    ("", ""),
+])
+def test_split_identifier(identifier: str, words: str) -> None:
+    assert split_identifier(identifier) == words
 
 
 # -- seal type mapping -------------------------------------------------------------------------

@@ -1,18 +1,28 @@
-"""Margin gate, calibration, LLM reranker and router on real parts: the MiniLM embedder, the
+"""Margin gate, calibration, LLM rerankers and router on real parts: the MiniLM embedder, the
 INT8 SLB over the 117 GitHub MCP tools, and the default LLM."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
-from nexus_mlx.agent.registry import load_tools
+from nexus_mlx.agent.registry import ToolRegistry, load_tools
+from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, CalibrationError, MarginGate, calibrate, margin
-from nexus_mlx.routing.rerank import LLMReranker
-from nexus_mlx.routing.router import Router, RoutingError
+from nexus_mlx.routing.rerank import (
+    QL_ANSWER,
+    QL_PROMPT,
+    LLMReranker,
+    QueryLikelihoodReranker,
+    RerankError,
+    chat_prompt,
+    tool_prose,
+)
+from nexus_mlx.routing.router import DEFAULT_K, QUERY_PREFIX, Router, RoutingError, build_router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 
 GITHUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
@@ -64,7 +74,7 @@ def test_router_auto_routes_a_clear_request(github):
     router = Router(registry, embedder, slb, MarginGate(0.0))
     decision = router.route("Create a new GitHub repository called demo")
     assert decision.chosen == "create_repository" and not decision.escalated
-    assert len(decision.candidates) == 5 and {"embed", "scan"} <= set(decision.timings)
+    assert len(decision.candidates) == DEFAULT_K and {"embed", "scan"} <= set(decision.timings)
 
 
 def test_router_escalates_to_the_llm_reranker(github, default_model):
@@ -84,3 +94,65 @@ def test_router_rejects_mismatched_parts(github):
         Router(registry, embedder, SemanticLookasideBuffer(slb.dim, "x"), MarginGate(0.1))
     with pytest.raises(RoutingError, match="k must"):
         Router(registry, embedder, slb, MarginGate(0.1), k=0)
+
+
+# -- the query-likelihood reranker and the default router --------------------------------------
+def _fresh_mean_logprob(model, tokenizer, tool, query):
+    """Oracle: one uncached forward over prompt + request, mean log-probability of the request."""
+    prompt = chat_prompt(tokenizer, QL_PROMPT.format(tool=tool_prose(tool)), QL_ANSWER)
+    request = tokenizer.encode(" " + query, add_special_tokens=False)
+    logits = forward(model, prompt + request, make_cache(model))[0]  # (T, V)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    rows = mx.arange(len(prompt) - 1, len(prompt) + len(request) - 1)
+    return float(logprobs[rows, mx.array(request)].mean())
+
+
+def test_query_likelihood_equals_a_fresh_forward_pass(github, default_model):
+    registry, _, _ = github
+    model, tokenizer = default_model
+    tools = [registry.get("create_repository"), registry.get("list_issues")]
+    query = "Create a new GitHub repository called demo"
+    reranker = QueryLikelihoodReranker(model, tokenizer, max_prompts=1)  # forces evictions
+    for tool in tools + tools:
+        assert reranker.likelihood(query, tool) == pytest.approx(
+            _fresh_mean_logprob(model, tokenizer, tool, query), abs=1e-4)
+
+
+def test_query_likelihood_fuses_the_retrieval_score(github, default_model):
+    registry, _, _ = github
+    model, tokenizer = default_model
+    tools = [registry.get(n) for n in ("create_repository", "fork_repository", "list_issues")]
+    query = "Create a new GitHub repository called demo"
+    plain = dict(QueryLikelihoodReranker(model, tokenizer, retrieval_weight=0.0)
+                 .rerank(query, tools, [0.9, 0.1, 0.5]))
+    fused = QueryLikelihoodReranker(model, tokenizer, retrieval_weight=2.0).rerank(
+        query, tools, [0.9, 0.1, 0.5])
+    assert [s for _, s in fused] == sorted((s for _, s in fused), reverse=True)
+    for (name, score), cosine in zip(sorted(fused), (0.9, 0.1, 0.5), strict=True):
+        assert score == pytest.approx(plain[name] + 2.0 * cosine, abs=1e-9)
+    assert fused[0][0] == "create_repository"
+    with pytest.raises(RerankError, match="2 retrieval scores for 3"):
+        QueryLikelihoodReranker(model, tokenizer).rerank(query, tools, [0.1, 0.2])
+    with pytest.raises(RerankError, match="retrieval_weight"):
+        QueryLikelihoodReranker(model, tokenizer, retrieval_weight=-1.0)
+    with pytest.raises(RerankError, match="max_prompts"):
+        QueryLikelihoodReranker(model, tokenizer, max_prompts=0)
+
+
+def test_build_router_uses_the_tuned_defaults(github, default_model):
+    registry, _, _ = github
+    model, tokenizer = default_model
+    embedder = Embedder.load(query_prefix=QUERY_PREFIX)
+    router = build_router(registry, model, tokenizer, embedder=embedder)
+    assert isinstance(router.reranker, QueryLikelihoodReranker)
+    assert router.calibration is not None and router.gate.tau == router.calibration.tau
+    assert router.slb.tools_digest == registry.digest()
+    decision = router.route("Create a new GitHub repository called demo")
+    assert decision.chosen == "create_repository"
+    escalating = Router(registry, embedder, router.slb, MarginGate(10.0), router.reranker)
+    decision = escalating.route("Create a new GitHub repository called demo")
+    assert decision.escalated and decision.reranked is not None
+    names = [n for n, _ in decision.candidates]
+    assert sorted(n for n, _ in decision.reranked) == sorted(names)
+    with pytest.raises(RoutingError, match="empty"):
+        build_router(ToolRegistry(), model, tokenizer, embedder=embedder)

@@ -76,14 +76,29 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def text_for_embedding(tool: Tool, *, parameters: bool = True) -> str:
+def split_identifier(identifier: str) -> str:
+    """An identifier as lower-case words: ``getHealthWorkforce`` -> ``get health workforce``,
+    ``list_pull_requests`` -> ``list pull requests`` (camel case and ``_ - .`` separate)."""
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", identifier)
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", text)
+    return " ".join(re.sub(r"[_\-.]+", " ", text).split()).lower()
+
+
+def text_for_embedding(tool: Tool, *, parameters: bool = True, split_names: bool = True) -> str:
     """``"name: description"`` on one line, plus ``". Parameters: a, b."`` when asked and present.
 
-    The raw tool name is used (not the namespace), so the same tool embeds the same on any server.
+    With ``split_names`` (the default) the tool and parameter names are written as words
+    (:func:`split_identifier`): a sentence encoder matches ``get health workforce`` to a request
+    far better than ``getHealthWorkforce`` (Seal-Tools held-out queries, 4,076 tools: SLB top-1
+    0.75 -> 0.80; ``bench/routing_accuracy.py``'s lever sweep). The raw tool name is used (not
+    the namespace), so the same tool embeds the same on any server.
     """
+    def name(identifier: str) -> str:
+        return split_identifier(identifier) if split_names else _one_line(identifier)
+
     description = _one_line(tool.description)
-    text = f"{tool.name}: {description}" if description else tool.name
-    names = [_one_line(n) for n in tool.parameter_names]
+    text = f"{name(tool.name)}: {description}" if description else name(tool.name)
+    names = [name(n) for n in tool.parameter_names]
     if parameters and names:
         stop = "" if not description or description[-1] in ".!?" else "."
         text += f"{stop} Parameters: {', '.join(names)}."
@@ -180,9 +195,10 @@ class ToolRegistry:
         return merged
 
     # -- derived views -------------------------------------------------------------------------
-    def texts_for_embedding(self, *, parameters: bool = True) -> list[str]:
+    def texts_for_embedding(self, *, parameters: bool = True, split_names: bool = True) -> list[str]:
         """:func:`text_for_embedding` of every tool, in registry order."""
-        return [text_for_embedding(t, parameters=parameters) for t in self._tools.values()]
+        return [text_for_embedding(t, parameters=parameters, split_names=split_names)
+                for t in self._tools.values()]
 
     def to_dict(self) -> dict[str, Any]:
         """The file form: format tag, version and MCP-style tool dicts in order."""

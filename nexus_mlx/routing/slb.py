@@ -383,11 +383,12 @@ class SemanticLookasideBuffer:
         *,
         embedder_id: str,
         parameters: bool = True,
+        split_names: bool = True,
         keep_float: bool = True,
     ) -> SemanticLookasideBuffer:
         """Embed every tool's :func:`~nexus_mlx.agent.registry.text_for_embedding` (as
         documents) and fill a buffer in registry order; records ``registry.digest()``."""
-        texts = registry.texts_for_embedding(parameters=parameters)
+        texts = registry.texts_for_embedding(parameters=parameters, split_names=split_names)
         vectors = np.asarray(embedder.embed(texts, kind="document"), dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise SLBError(f"the embedder returned shape {vectors.shape} for {len(texts)} texts")
