@@ -89,9 +89,9 @@ def text_for_embedding(tool: Tool, *, parameters: bool = True, split_names: bool
 
     With ``split_names`` (the default) the tool and parameter names are written as words
     (:func:`split_identifier`): a sentence encoder matches ``get health workforce`` to a request
-    far better than ``getHealthWorkforce`` (Seal-Tools held-out queries, 4,076 tools: SLB top-1
-    0.75 -> 0.80; ``bench/routing_accuracy.py``'s lever sweep). The raw tool name is used (not
-    the namespace), so the same tool embeds the same on any server.
+    far better than ``getHealthWorkforce`` (Seal-Tools, 4,076 tools: SLB top-1 0.75 -> 0.80 in
+    the lever sweep of ``results/routing_accuracy.json``). The raw tool name is used (not the
+    namespace), so the same tool embeds the same on any server.
     """
     def name(identifier: str) -> str:
         return split_identifier(identifier) if split_names else _one_line(identifier)

@@ -28,7 +28,8 @@ from nexus_mlx.routing.slb import SemanticLookasideBuffer, TextEmbedder
 
 EMBEDDER_ID = "all-MiniLM-L6-v2"
 QUERY_PREFIX = "query: "
-"""Prepended to requests before embedding: +1.5 points SLB top-1 at 4,076 tools (held-out)."""
+"""Prepended to requests before embedding (chosen on held-out queries; the lever sweep in
+``results/routing_accuracy.json`` shows its effect on the scored ones)."""
 DEFAULT_K = 10
 """Candidates the reranker reorders: held-out top-10 recall 0.971 vs 0.938 at k = 5 (4,076 tools),
 escalated accuracy 0.842 vs 0.791 (``bench/rerank_fusion.py``)."""
@@ -100,19 +101,21 @@ def build_router(
     tokenizer: Any,
     *,
     embedder: Any = None,
+    embedder_id: str = EMBEDDER_ID,
     reranker: Reranker | None = None,
     k: int = DEFAULT_K,
 ) -> Router:
     """A :class:`Router` with the library's defaults (module docstring); ``embedder`` (an
-    :class:`~nexus_mlx.routing.embedder.Embedder`, loaded with ``QUERY_PREFIX`` when omitted)
-    and ``reranker`` (default: :class:`QueryLikelihoodReranker` on ``model``) can be given."""
+    :class:`~nexus_mlx.routing.embedder.Embedder`, loaded with ``QUERY_PREFIX`` when omitted;
+    ``embedder_id`` names it in the SLB and calibration) and ``reranker`` (default:
+    :class:`QueryLikelihoodReranker` on ``model``) can be given."""
     if len(registry) == 0:
         raise RoutingError("cannot route over an empty tool registry")
     if embedder is None:
         from nexus_mlx.routing.embedder import Embedder
 
         embedder = Embedder.load(query_prefix=QUERY_PREFIX)
-    slb = SemanticLookasideBuffer.from_registry(registry, embedder, embedder_id=EMBEDDER_ID)
+    slb = SemanticLookasideBuffer.from_registry(registry, embedder, embedder_id=embedder_id)
     calibration: Calibration | None
     try:
         calibration = calibrate(slb)
