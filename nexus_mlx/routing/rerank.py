@@ -100,7 +100,8 @@ class QueryLikelihoodReranker:
     ``score(t) = mean log p(request | QL_PROMPT with tool_prose(t), "Request:")
     + retrieval_weight * retrieval_score(t)``. Tool prompts are prefilled once and kept
     (``max_prompts``, least recently used evicted): a warm candidate costs one forward pass
-    over the request's tokens.
+    over the request's tokens. That cache is mutable state: share one reranker between threads
+    only under a lock (:class:`~nexus_mlx.agent.orchestrator.Agent` holds one per turn).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *,
