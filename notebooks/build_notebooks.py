@@ -209,6 +209,7 @@ schema into the prompt overflows the context from 50 tools on.'''),
     ("code", setup('''from nexus_mlx.agent.registry import ToolRegistry, load_seal_tools
 from nexus_mlx.agent.tools import sanitize_name
 from nexus_mlx.routing.embedder import Embedder
+from nexus_mlx.routing.router import QUERY_PREFIX
 from nexus_mlx.routing.slb import SemanticLookasideBuffer''') + '''
 SIZES = [50, 100, 250, 500] if QUICK else [50, 100, 250, 1000, 4076]
 N_QUERIES = 40 if QUICK else 200
@@ -226,7 +227,7 @@ print(f"{len(tools)} tools, {len(single)} single-call queries, {N_QUERIES} used,
 others = [n for n in tools.names() if n not in set(golds)]
 order = golds + [others[i] for i in rng.permutation(len(others))]
 pool = ToolRegistry([tools.get(n) for n in order[: max(SIZES)]])
-embedder = Embedder.load()
+embedder = Embedder.load(query_prefix=QUERY_PREFIX)  # the router's default
 tool_vectors = embedder.embed(pool.texts_for_embedding(), kind="document")  # (N_max, 384)
 query_vectors = embedder.embed([q["query"] for q in queries], kind="query")  # (Q, 384)
 print(tool_vectors.shape, query_vectors.shape)'''),
