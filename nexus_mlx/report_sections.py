@@ -59,6 +59,15 @@ TTFT_K4 = {256: "1.63", 512: "1.24"}
 
 
 # ---- sections: paper 1 --------------------------------------------------------------------------
+def _oracle(value: Any) -> str:
+    """The concatenate-all cell: ``overflow``, ``k/n right``, or n/a."""
+    if isinstance(value, dict) and number(value.get("n")):
+        n = int(value["n"])
+        right = round((number(value.get("accuracy")) or 0.0) * n)
+        return f"{right}/{n} right ({fmt(value.get('prompt_tokens_median'), '.0f')} tokens)"
+    return fmt(value)
+
+
 def routing_section(d: dict[str, Any]) -> list[str]:
     rows = []
     for c in sort_by(records(d.get("cells")), "N"):
@@ -66,7 +75,7 @@ def routing_section(d: dict[str, Any]) -> list[str]:
         paper = "0.89" if n == 250 else "concat-all overflows" if n is not None and n >= 50 else ""
         rows.append([fmt(c.get("N")), fmt(c.get("accuracy")), fmt_ci(c.get("ci")),
                      fmt(c.get("top1_recall")), fmt(c.get("top3_recall")),
-                     fmt(c.get("fire_rate")), fmt(c.get("oracle")), paper])
+                     fmt(c.get("fire_rate")), _oracle(c.get("oracle")), paper])
     return table(["N tools", "accuracy", "95% CI", "top-1 recall", "top-3 recall", "fire rate",
                   "oracle", "paper"], rows)
 
@@ -158,9 +167,25 @@ def dkl_section(d: dict[str, Any]) -> list[str]:
 
 
 def calibration_section(d: dict[str, Any]) -> list[str]:
-    paper = {"fire_rate": "~0.20", "percentile": "20"}
-    rows = [[k, v, paper.get(k, "")] for k, v in scalar_rows(d)]
-    return table(["field", "measured", "paper"], rows)
+    rows = []
+    for reg in records(d.get("registries")):
+        sample = reg.get("fixed_sample")
+        one: dict[str, Any] = sample if isinstance(sample, dict) else reg
+        for source in ("tools", "heldout"):
+            c = mapping(one, source)
+            if c:
+                rows.append([fmt(reg.get("registry")), fmt(one.get("n_tools")), source,
+                             fmt(c.get("tau"), ".4f"), fmt(c.get("n_adversarial")),
+                             fmt(c.get("fire_rate_calibration")), fmt(c.get("fire_rate_test")),
+                             fmt(c.get("errors_escalated"))])
+    if not rows:  # an older layout: its scalar fields
+        return table(["field", "measured"], scalar_rows(d))
+    head = ["tau = 20th percentile of adversarial margins (paper: ~20% fire rate). `tools`: "
+            "the registry's own tool texts stand in for queries (the library default); "
+            "`heldout`: unlabeled held-out queries.", ""]
+    return head + table(["registry", "tools", "calibrated on", "tau", "adversarial",
+                         "fire rate (calibration)", "fire rate (test)",
+                         "SLB errors escalated"], rows)
 
 
 # ---- sections: paper 2 --------------------------------------------------------------------------

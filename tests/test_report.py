@@ -167,3 +167,33 @@ def test_formatters():
     assert fmt_ci([0.1, 0.2]) == "[0.100, 0.200]" and fmt_ci([0.1]) == "n/a"
     assert fmt_ci(["x", 1]) == "n/a"
     assert fmt_pct(0.8) == "80.0%" and fmt_pct(79.5) == "79.5%" and fmt_pct("x") == "n/a"
+
+
+def test_routing_oracle_calibration_and_fusion_sections(tmp_path: Path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    _write(folder, "routing_accuracy", _result("routing_accuracy", cells=[
+        {"N": 50, "accuracy": 0.99, "ci": [0.96, 1.0], "oracle": {"n": 3, "accuracy": 1 / 3,
+                                                                 "prompt_tokens_median": 5852.0}},
+        {"N": 4076, "accuracy": 0.85, "ci": [0.79, 0.89], "oracle": "overflow"},
+    ]))
+    _write(folder, "calibration", _result("calibration", registries=[
+        {"registry": "gh", "n_tools": 117, "tools": {"tau": 0.0793, "n_adversarial": 12,
+                                                     "fire_rate_calibration": 0.026,
+                                                     "fire_rate_test": 0.769,
+                                                     "errors_escalated": 0.968}},
+        {"registry": "seal-250", "fixed_sample": {"n_tools": 250, "heldout": {"tau": 0.0112}}},
+    ]))
+    _write(folder, "rerank_fusion", _result("rerank_fusion", n_queries=240, n_escalated=158,
+                                            tau=0.068, chosen={"k": 10, "weight": 0.5},
+                                            slb_only={"accuracy_escalated": 0.614},
+                                            grid=[{"k": 10, "weight": 0.5,
+                                                   "accuracy_escalated": 0.842,
+                                                   "ci_escalated": [0.777, 0.890]}]))
+    text = render_report(folder)
+    assert "| 50 | 0.990 | [0.960, 1.000] |" in text and "1/3 right (5852 tokens)" in text
+    assert "| 4076 | 0.850 |" in text and "| overflow |" in text
+    assert "| gh | 117 | tools | 0.0793 | 12 | 0.026 | 0.769 | 0.968 |" in text
+    assert "| seal-250 | 250 | heldout | 0.0112 |" in text
+    assert "Chosen: k = 10, retrieval weight 0.5" in text
+    assert "| 10 | 0.5 | 0.842 | [0.777, 0.890] |" in text
