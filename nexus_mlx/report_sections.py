@@ -117,8 +117,16 @@ def _ttft_paper(k: Any, n_past: Any) -> str:
     return ""
 
 
+def _curve(c: dict[str, Any]) -> str:
+    """The recompute curve of a TTFT cell: ``4`` / ``16`` for R(n)'s K, else its name (``sur``)."""
+    k = number(c.get("K"))
+    if k is not None:
+        return fmt(int(k)) if k == int(k) else fmt(k, "g")
+    return fmt(c.get("curve"))
+
+
 def ttft_section(d: dict[str, Any]) -> list[str]:
-    rows = [[fmt(c.get("n_past")), fmt(c.get("K")), fmt(c.get("R_pct"), ".1f"),
+    rows = [[fmt(c.get("n_past")), _curve(c), fmt(c.get("R_pct"), ".1f"),
              fmt(c.get("recomputed")), fmt(c.get("path")), fmt(c.get("prefill_ms"), ".1f"),
              fmt(c.get("splice_ms"), ".1f"), fmt(c.get("speedup"), ".2f"),
              fmt_ci(c.get("speedup_ci"), ".2f"), fmt(c.get("top1_ok")), fmt(c.get("kl"), ".3g"),
@@ -126,7 +134,7 @@ def ttft_section(d: dict[str, Any]) -> list[str]:
             for c in sort_by(records(d.get("cells")), "K", "n_past")]
     head = [f"Block: {fmt(d.get('tool'))}, {fmt(d.get('block_tokens'))} tokens; query "
             f"{fmt(d.get('query_tokens'))} tokens; {fmt(d.get('trials'))} trials.", ""]
-    return head + table(["n_past", "K", "R %", "recomputed", "path", "prefill ms", "splice ms",
+    return head + table(["n_past", "curve (K)", "R %", "recomputed", "path", "prefill ms", "splice ms",
                          "speedup", "95% CI", "top-1 ok", "KL (nats)", "paper speedup"], rows)
 
 
