@@ -38,8 +38,9 @@ queries scored here. Without ``--quick`` a lever sweep (SLB top-1/top-3 by fp32 
 text x prefix pair, same draws) is added. Pool embeddings are computed once per text and cached
 on disk (``--cache``); per-N buffers are filled from them with ``SemanticLookasideBuffer.add``.
 
-``--quick`` (< 1 min): 6 queries, the pool cut to their gold tools plus random ones (150 in
-all), N in {10, pool}, the oracle on one query at N = 10 if its prompt is <= 2,048 tokens. JSON:
+``--quick`` (about 1.5 min here): 6 queries, the pool cut to their gold tools plus random ones
+(150 in all), N in {10, pool}, the oracle on one query at N = 10 if its prompt is <= 2,048
+tokens. JSON:
 ``{"config", "pool", "n_queries", "cells": [{"N", "accuracy", "ci", "top1_recall",
 "top3_recall", "fire_rate", "oracle", ...}], "levers", "timing_s"}`` in
 ``results/routing_accuracy[_<tag>].json`` (``--tag``; ``results/quick/`` with ``--quick``),
