@@ -3,7 +3,8 @@
 Contract: ``generate_tokens(model, prompt_tokens, cache)`` prefills the prompt into ``cache``
 through ``models.forward`` and yields sampled token ids one at a time until an end-of-sequence
 id or ``max_tokens``; the cache then holds the prompt and every generated token but the last.
-``generate``/``chat`` wrap it for text prompts and chat messages and return a
+``generate``/``chat`` wrap it for text prompts and chat messages (``chat_ids`` renders the chat
+template) and return a
 :class:`Generation` with timings. Samplers and logits processors are plain callables with
 mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``, ``processor(tokens, logits)``), so
 ``mlx_lm.sample_utils.make_sampler`` plugs in directly. Greedy by default.
@@ -138,6 +139,17 @@ def generate(
     return Generation(tokenizer.decode(text_tokens), out, stats)
 
 
+def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]] | str) -> list[int]:
+    """Token ids of chat ``messages`` (a string is one user message) through the tokenizer's
+    chat template, the assistant's turn opened."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    prompt = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict):  # some tokenizers return a BatchEncoding
+        prompt = prompt["input_ids"]
+    return list(prompt)
+
+
 def chat(
     model: nn.Module,
     tokenizer: Any,
@@ -145,9 +157,4 @@ def chat(
     **kwargs: Any,
 ) -> Generation:
     """One assistant turn for chat ``messages`` (a string is one user message)."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    prompt = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt, dict):  # some tokenizers return a BatchEncoding
-        prompt = prompt["input_ids"]
-    return generate(model, tokenizer, list(prompt), **kwargs)
+    return generate(model, tokenizer, chat_ids(tokenizer, messages), **kwargs)

@@ -29,6 +29,7 @@ import numpy as np
 
 from nexus_mlx.agent.registry import split_identifier
 from nexus_mlx.agent.tools import Tool
+from nexus_mlx.decode.generate import chat_ids
 from nexus_mlx.errors import NexusError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
@@ -60,12 +61,8 @@ class Reranker(Protocol):
 
 def chat_prompt(tokenizer: Any, user: str, answer_prefix: str) -> list[int]:
     """Chat-template ids of one user message, the assistant turn opened with ``answer_prefix``."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(ids, dict):
-        ids = ids["input_ids"]
-    return list(ids) + list(tokenizer.encode(answer_prefix, add_special_tokens=False))
+    return chat_ids(tokenizer, user) + list(tokenizer.encode(answer_prefix,
+                                                             add_special_tokens=False))
 
 
 def continuation_logprobs(
