@@ -4,9 +4,10 @@ Contract: ``generate_tokens(model, prompt_tokens, cache)`` prefills the prompt i
 through ``models.forward`` and yields sampled token ids one at a time until an end-of-sequence
 id or ``max_tokens``; the cache then holds the prompt and every generated token but the last.
 ``generate``/``chat`` wrap it for text prompts and chat messages (``chat_ids`` renders the chat
-template) and return a :class:`Generation` with timings. Samplers and logits processors are plain
-callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``, ``processor(tokens, logits)``), so
-``mlx_lm.sample_utils.make_sampler`` plugs in directly. Greedy by default.
+template) and return a :class:`Generation` with timings. Samplers and logits processors are
+plain callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``,
+``processor(tokens, logits)``), so ``mlx_lm.sample_utils.make_sampler`` plugs in directly.
+Greedy by default.
 
 It evaluates arrays (it is the executor of a decode loop); it knows nothing about tools.
 """
