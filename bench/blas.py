@@ -15,7 +15,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx._blas import BLAS_STATUS, shim_call_counts
+from nexus_mlx._platform.blas import BLAS_STATUS, shim_call_counts
 
 N = 2048
 SETTLE_S = 0.5

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from nexus_mlx.agent.registry import ToolRegistry, load_tools
-from nexus_mlx.routing import Embedder
+from nexus_mlx.tools.registry import ToolRegistry, load_tools
+from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate, margin
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_accuracy import (

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import nexus_mlx  # noqa: E402  (must be imported before mlx: it loads the fast BLAS)
-from nexus_mlx._blas import BLAS_STATUS  # noqa: E402
+from nexus_mlx._platform.blas import BLAS_STATUS
 
 _ENV_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "NEXUS_MLX_BLAS")
 

@@ -45,10 +45,10 @@ from splice_workload import (
 )
 
 from nexus_mlx import NexusCache, forward, load, make_cache
-from nexus_mlx.splice.atb import CompiledBlock
-from nexus_mlx.splice.compile import compile_block
-from nexus_mlx.splice.curve import Curve
-from nexus_mlx.splice.splice import SpliceResult, splice
+from nexus_mlx.blocks.atb import CompiledBlock
+from nexus_mlx.blocks.compile import compile_block
+from nexus_mlx.blocks.curve import Curve
+from nexus_mlx.blocks.splicing import SpliceResult, splice
 
 NAME = "deep_splice_ttft"
 TOOL = "add_sub_issue"

@@ -35,8 +35,8 @@ from splice_workload import (
 )
 
 from nexus_mlx import NexusCache, forward, load, make_cache
-from nexus_mlx.splice.compile import compile_block
-from nexus_mlx.splice.splice import splice
+from nexus_mlx.blocks.compile import compile_block
+from nexus_mlx.blocks.splicing import splice
 
 NAME = "dkl_sweep"
 OFFSETS = [0, 16, 64, 128, 256, 512, 1024, 2048]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nexus_mlx.routing import Embedder
+from nexus_mlx.routing.embedder import Embedder
 
 DATA = ROOT.parent / "shared" / "data" / "seal-tools" / "tool.jsonl"
 BATCH_SIZES = (16, 64)

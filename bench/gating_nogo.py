@@ -32,8 +32,8 @@ import plots
 from splice_workload import context_ids, load_tools, schema_text
 
 from nexus_mlx import NexusCache, forward, load, make_cache
-from nexus_mlx.splice.compile import compile_block
-from nexus_mlx.splice.splice import splice
+from nexus_mlx.blocks.compile import compile_block
+from nexus_mlx.blocks.splicing import splice
 
 NAME = "gating_nogo"
 DEPTHS = [256, 1024, 2048]

@@ -30,7 +30,7 @@ import numpy as np
 
 from nexus_mlx import forward, load, make_cache
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.kv.radix_arena import RadixArena
+from nexus_mlx.agent.radix_arena import RadixArena
 
 NAME = "l0_radix"
 TOL = 1e-4

@@ -31,13 +31,8 @@ import llguidance.numpy
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.decode.json_constraint import (
-    JsonConstraint,
-    check_arguments,
-    compile_schema,
-    ll_tokenizer,
-)
+from nexus_mlx.tools.registry import load_tools
+from nexus_mlx.decode.json_constraint import JsonConstraint, check_arguments, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.tool_call import NAME_GLUE
 from nexus_mlx.models.gguf_format import parse_gguf

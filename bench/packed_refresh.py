@@ -29,8 +29,8 @@ from nexus_mlx import load
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.kv.rope import reanchor
 from nexus_mlx.models.forward import make_cache
-from nexus_mlx.repair import Edit, refresh_packed, refresh_sequential, shift
-from nexus_mlx.repair.niah import NiahSpec, make_case
+from nexus_mlx.refresh import Edit, refresh_packed, refresh_sequential, shift
+from tasks.niah import NiahSpec, make_case
 from repair_metrics import prefill
 
 B = 64

@@ -30,8 +30,8 @@ import numpy as np
 from nexus_mlx.decode.generate import generate_tokens
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.repair import Edit
-from nexus_mlx.repair.edit import edited_tokens
+from nexus_mlx.refresh import Edit
+from nexus_mlx.refresh.edit import edited_tokens
 
 CHUNK = 1024
 

@@ -1,6 +1,6 @@
 """Erasing-NIAH: every repair allocator at budgets 2-80% against Dirty/Shift/Replay/Re-prefill.
 
-Cases come from ``nexus_mlx.repair.niah`` (seeded; deleting the latest correction of a key
+Cases come from ``tasks.niah`` (seeded; deleting the latest correction of a key
 reverts its answer). Per case: the context ``p + e + s`` is prefilled, the edit applied by each
 arm, then the query (question, assistant header, answer prefix) is fed and greedily continued.
 Per arm: EM (the parsed number equals the post-deletion gold), KL(p_reprefill || p_arm) at the
@@ -25,9 +25,9 @@ import time
 import numpy as np
 
 from nexus_mlx import load
-from nexus_mlx.repair import dirty, repair, replay, shift
-from nexus_mlx.repair.allocators import ALLOCATORS, _load_builtin
-from nexus_mlx.repair.niah import NiahSpec, niah_cases, score
+from nexus_mlx.refresh import dirty, repair, replay, shift
+from nexus_mlx.refresh.allocators import ALLOCATORS, _load_builtin
+from tasks.niah import NiahSpec, niah_cases, score
 from repair_metrics import answer_logprobs, evaluate_arm, greedy, kv_deviation, prefill
 
 ALLOCATOR_NAMES = (

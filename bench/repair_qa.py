@@ -1,6 +1,6 @@
 """Multi-hop QA after deleting an inserted passage: allocators at 2% / 5% vs Shift/Replay/Re-prefill.
 
-Cases come from ``nexus_mlx.repair.multihop`` (HotpotQA and MuSiQue, 50 each by default): one
+Cases come from ``tasks.multihop`` (HotpotQA and MuSiQue, 50 each by default): one
 non-supporting passage inserted before, between or after the supporting evidence is cached,
 then deleted, and the question answered (greedy, up to 16 tokens, first line). Per method:
 normalized EM against the gold answers, agreement with Re-prefill's normalized answer, and the
@@ -24,9 +24,9 @@ import numpy as np
 
 from nexus_mlx import load
 from nexus_mlx.decode.generate import generate_tokens
-from nexus_mlx.repair import repair, replay, shift
-from nexus_mlx.repair.allocators import ALLOCATORS, _load_builtin
-from nexus_mlx.repair.multihop import build_case, exact_match, load_items, normalize_answer, prediction_text
+from nexus_mlx.refresh import repair, replay, shift
+from nexus_mlx.refresh.allocators import ALLOCATORS, _load_builtin
+from tasks.multihop import build_case, exact_match, load_items, normalize_answer, prediction_text
 from repair_metrics import prefill
 
 DATA = ROOT.parent / "shared" / "data" / "multihop"

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 import nexus_mlx
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.agent.tools import sanitize_name
-from nexus_mlx.routing import Embedder
+from nexus_mlx.tools.registry import load_tools
+from nexus_mlx.tools.tool import sanitize_name
+from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import calibrate
 from nexus_mlx.routing.router import QUERY_PREFIX
 from nexus_mlx.routing.slb import SemanticLookasideBuffer

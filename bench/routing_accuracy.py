@@ -69,22 +69,13 @@ import mlx.core as mx
 import numpy as np
 
 import nexus_mlx
-from nexus_mlx.agent.registry import ToolRegistry, load_tools, text_for_embedding
-from nexus_mlx.agent.tools import Tool, sanitize_name
+from nexus_mlx.tools.registry import ToolRegistry, load_tools, text_for_embedding
+from nexus_mlx.tools.tool import Tool, sanitize_name
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.routing import Embedder
+from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate
 from nexus_mlx.decode.tool_call import CALL_PREFIX
-from nexus_mlx.routing.rerank import (
-    DEFAULT_RETRIEVAL_WEIGHT,
-    INSTRUCTION,
-    QL_ANSWER,
-    QL_PROMPT,
-    LLMReranker,
-    QueryLikelihoodReranker,
-    chat_prompt,
-    tool_prose,
-)
+from nexus_mlx.routing.rerank import DEFAULT_RETRIEVAL_WEIGHT, INSTRUCTION, QL_ANSWER, QL_PROMPT, LLMReranker, QueryLikelihoodReranker, chat_prompt, tool_prose
 from nexus_mlx.routing.router import DEFAULT_K, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 

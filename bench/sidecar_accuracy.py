@@ -56,22 +56,15 @@ import mlx.core as mx
 import numpy as np
 
 import nexus_mlx
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.agent.tools import Tool
+from nexus_mlx.tools.registry import load_tools
+from nexus_mlx.tools.tool import Tool
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import mask_logits, vocab_of
-from nexus_mlx.decode.tool_call import (
-    CALL_PREFIX,
-    CALL_SUFFIX,
-    NAME_GLUE,
-    SYSTEM_PROMPT,
-    generate_tool_call,
-    tool_call_prompt,
-)
+from nexus_mlx.decode.tool_call import CALL_PREFIX, CALL_SUFFIX, NAME_GLUE, SYSTEM_PROMPT, generate_tool_call, tool_call_prompt
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.routing import Embedder
+from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import calibrate
-from nexus_mlx.routing.ir import ir_length_stats, tool_signature
+from nexus_mlx.tools.ir import ir_length_stats, tool_signature
 from nexus_mlx.routing.router import DEFAULT_K, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_accuracy import (

@@ -49,10 +49,10 @@ recomputed) and the **repaired** splice (the depth-adaptive curve re-decodes the
 `R(n_past)`% of the block). Paper 1 (Fig. 5) reports bare-splice KL 0.008-0.038 nats with top-1
 agreement 1.0 over offsets 0-2048 on Qwen2.5-14B; here the model is SmolLM2-135M.'''),
     ("code", setup('''from nexus_mlx import forward, load, make_cache
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.splice.compile import compile_block
-from nexus_mlx.splice.curve import Curve
-from nexus_mlx.splice.splice import splice''') + '''
+from nexus_mlx.tools.registry import load_tools
+from nexus_mlx.blocks.compile import compile_block
+from nexus_mlx.blocks.curve import Curve
+from nexus_mlx.blocks.splicing import splice''') + '''
 OFFSETS = [0, 64, 256, 512] if QUICK else [0, 16, 64, 128, 256, 512, 1024, 2048]
 model, tokenizer = load("default")'''),
     ("code", '''tool = load_tools(DATA / "github-mcp" / "tools.json").get("create_issue")
@@ -129,8 +129,8 @@ A 135M model often ignores the correction and answers the earlier value even wit
 (Dirty then scores EM 1 too); the KL to Re-prefill is the sharper signal at this scale.'''),
     ("code", setup('''from nexus_mlx import forward, load, make_cache
 from nexus_mlx.decode.generate import generate_tokens
-from nexus_mlx.repair import dirty, repair, reprefill, shift
-from nexus_mlx.repair.niah import NiahSpec, niah_cases, score''', json_too=False) + '''
+from nexus_mlx.refresh import dirty, repair, reprefill, shift
+from tasks.niah import NiahSpec, niah_cases, score''', json_too=False) + '''
 BUDGETS = [1, 2, 5, 10, 20] if QUICK else [1, 2, 5, 10, 20, 40, 80]
 spec = NiahSpec(n_cases=2 if QUICK else 16, lengths=(384,) if QUICK else (1024, 2048))
 model, tokenizer = load("default")
@@ -206,8 +206,8 @@ Seal-Tools dev single-call queries; a registry of `N` tools holds every query's 
 random distractors (nested: each larger registry contains the smaller ones). Paper 1 (Fig. 1)
 reports 89% routing accuracy at 250 tools; concatenating every
 schema into the prompt overflows the context from 50 tools on.'''),
-    ("code", setup('''from nexus_mlx.agent.registry import ToolRegistry, load_seal_tools
-from nexus_mlx.agent.tools import sanitize_name
+    ("code", setup('''from nexus_mlx.tools.registry import ToolRegistry, load_seal_tools
+from nexus_mlx.tools.tool import sanitize_name
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.router import QUERY_PREFIX
 from nexus_mlx.routing.slb import SemanticLookasideBuffer''') + '''

@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer, installed_server
-from nexus_mlx.agent.orchestrator import Agent, AgentError
-from nexus_mlx.agent.sidecar import SidecarError, sidecar_messages
+from nexus_mlx.agent.orchestrator import Agent
+from nexus_mlx.agent.sidecar import sidecar_messages
+from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import MarginGate
 from nexus_mlx.routing.router import Router
@@ -42,7 +43,7 @@ def test_sidecar_prunes_payloads_and_keeps_references():
 
 @pytest.mark.parametrize("messages", [[], [{"role": "assistant", "content": "hi"}]])
 def test_sidecar_needs_a_final_user_message(messages):
-    with pytest.raises(SidecarError):
+    with pytest.raises(ArgumentError):
         sidecar_messages(messages)
 
 
@@ -83,5 +84,5 @@ def test_concurrent_turns_are_bit_identical(agent):
 
 
 def test_unknown_server_is_a_clear_error(agent):
-    with pytest.raises(AgentError, match="no running MCP server"):
+    with pytest.raises(ToolError, match="no running MCP server"):
         agent.server_for("git.git_status")

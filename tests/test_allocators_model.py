@@ -24,13 +24,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, tiny_model
 
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.repair import Edit, budget_tokens, repair, shift
-from nexus_mlx.repair.allocators import AllocationRequest, AllocatorError, get_allocator
-from nexus_mlx.repair.allocators import attention_based as att
-from nexus_mlx.repair.allocators import kv_based as kvb
+from nexus_mlx.refresh import Edit, budget_tokens, repair, shift
+from nexus_mlx.refresh.allocators import AllocationRequest, get_allocator
+from nexus_mlx.refresh.allocators import attention_based as att
+from nexus_mlx.refresh.allocators import kv_based as kvb
 
 NAMES = ("prophetkv", "infoflow", "cachecraft", "cacheblend", "a3", "cachetune", "speccache")
 MODELS = ("llama", "gemma2")
@@ -111,10 +112,10 @@ def test_scores_are_float32_per_suffix_token():
 
 def test_bad_options():
     model, dirty, shifted = _setup("llama")
-    with pytest.raises(AllocatorError, match="chunk"):
+    with pytest.raises(ArgumentError, match="chunk"):
         att.cachecraft_scores(AllocationRequest(model, dirty, shifted, EDIT, QUERY, 3,
                                                 options={"chunk": 0}))
-    with pytest.raises(AllocatorError, match="span"):
+    with pytest.raises(ArgumentError, match="span"):
         get_allocator("speccache")(AllocationRequest(model, dirty, shifted, EDIT, QUERY, 3,
                                                      options={"span": -2}))
 

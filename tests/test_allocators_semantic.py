@@ -13,31 +13,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.errors import TokenError
+from nexus_mlx.errors import ArgumentError, TokenError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
-from nexus_mlx.models.token_text import token_char_spans
-from nexus_mlx.repair import Edit, budget_tokens, repair, shift
-from nexus_mlx.repair.allocators import (
+from nexus_mlx.models.tokenizer import token_char_spans
+from nexus_mlx.refresh import Edit, budget_tokens, repair, shift
+from nexus_mlx.refresh.allocators import (
     AllocationRequest,
-    AllocatorError,
     checked_selection,
     get_allocator,
     top_k_positions,
 )
-from nexus_mlx.repair.allocators.semantic import (
-    best_window,
-    bm25,
-    decay_envelope,
-    rank,
-    terms,
-    unit_scores,
-)
-from nexus_mlx.repair.relevance import embedding_rows, token_relevance
-from nexus_mlx.repair.units import units_from_text
+from nexus_mlx.refresh.allocators.semantic import bm25, terms
+from nexus_mlx.sur.relevance import embedding_rows, token_relevance
+from nexus_mlx.sur.select import best_window, decay_envelope, rank, unit_scores
+from nexus_mlx.sur.units import units_from_text
 
 NAMES = ("sur", "dense_tokens", "single_window", "bm25_units", "random_units")
 TEXT_ALLOCATORS = ("sur", "bm25_units", "random_units")
@@ -245,7 +238,7 @@ def test_text_allocators_need_a_tokenizer(model, smol):
     req = request(model, smol, DOC, 2, 12, 10)
     bare = AllocationRequest(model, req.dirty, req.shifted, req.edit, req.query_tokens, req.budget)
     for name in TEXT_ALLOCATORS:
-        with pytest.raises(AllocatorError, match=f"{name}.*tokenizer="):
+        with pytest.raises(ArgumentError, match=f"{name}.*tokenizer="):
             get_allocator(name)(bare)
     for name in ("dense_tokens", "single_window"):
         assert get_allocator(name)(bare).size == req.budget
@@ -263,7 +256,8 @@ def test_relevance_formula_blocks_and_quantized_table(model):
     expected = (unit[suffix] @ unit[query].T).max(axis=1) + 0.25 * np.isin(suffix, query)
     r = token_relevance(model, suffix, query)
     assert np.allclose(r, expected, atol=1e-6) and math.isclose(r[3], 1.25, rel_tol=1e-6)
-    assert np.array_equal(token_relevance(model, suffix, query, block=7), r)
+    # blocked GEMMs may round the last bit differently (BLAS edge tiles): equal to fp32 precision
+    assert np.allclose(token_relevance(model, suffix, query, block=7), r, rtol=0, atol=1e-6)
     quantized = nn.QuantizedEmbedding.from_embedding(model.model.embed_tokens, group_size=64, bits=8)
     holder = type("Holder", (), {})()
     holder.model = type("Inner", (), {"embed_tokens": quantized})()

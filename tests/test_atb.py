@@ -1,6 +1,6 @@
 """The .atb compiled-block format: round trips of K/V made by ``forward``, the documented
 on-disk layout, validation against the running model, atomic writes, and a fuzz test showing
-that corrupted files raise BlockFormatError and nothing else."""
+that corrupted files raise FormatError and nothing else."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tiny_models import _COMMON, CONFIGS, VOCAB, tiny_model
 
-from nexus_mlx.errors import BlockFormatError, BlockMismatchError, CacheError
+from nexus_mlx.blocks import atb
+from nexus_mlx.errors import CacheError, FormatError, ModelMismatchError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.fingerprint import model_fingerprint, sample_indices
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.splice import atb
 
 PREFIX, BLOCK = 3, 7  # the block is rows [3, 10) of a 10-token prefill: m0 = 3
 
@@ -146,7 +146,7 @@ def test_validate_against_same_model_passes(llama):
 )
 def test_validate_against_other_model_names_each_field(llama, other, fields):
     block, _ = _block(llama)
-    with pytest.raises(BlockMismatchError) as err:
+    with pytest.raises(ModelMismatchError) as err:
         atb.validate_block(block, other())
     for field in fields:
         assert field in str(err.value)
@@ -159,9 +159,9 @@ def test_block_from_cache_rejects_bad_ranges(llama):
     with pytest.raises(CacheError, match=r"rows \[5, 5\)"):
         atb.block_from_cache(llama, cache, 5, 5)
     cache.shift(0, 2, 100)  # rows [0, 3) no longer hold consecutive positions
-    with pytest.raises(BlockFormatError, match="not consecutive"):
+    with pytest.raises(FormatError, match="not consecutive"):
         atb.block_from_cache(llama, cache, 0, 3)
-    with pytest.raises(BlockMismatchError):
+    with pytest.raises(ModelMismatchError):
         atb.block_from_cache(tiny_model("qwen3"), _prefilled(llama), 0)
 
 
@@ -305,9 +305,9 @@ def test_rejects_each_corruption_with_a_specific_error(tmp_path, valid_file, cas
     corrupt, message = CASES[case]
     path = tmp_path / "bad.atb"
     path.write_bytes(bytes(corrupt(valid_file)))
-    with pytest.raises(BlockFormatError, match=message.replace("[", r"\[")):
+    with pytest.raises(FormatError, match=message.replace("[", r"\[")):
         atb.read_block(path)
-    with pytest.raises(BlockFormatError):
+    with pytest.raises(FormatError):
         atb.read_header(path)
 
 
@@ -379,7 +379,7 @@ def test_fuzz_corrupted_files_raise_only_block_format_error(draw, valid_file, fu
     fuzz_path.write_bytes(bytes(data))
     try:
         block = atb.read_block(fuzz_path)
-    except BlockFormatError as err:
+    except FormatError as err:
         event(f"rejected: {str(err).split(' ')[0]}")
         return
     h = block.header  # accepted: it must be self-consistent

@@ -1,4 +1,4 @@
-"""Tests for nexus_mlx._blas: the CBLAS shim really routes MLX's CPU GEMMs, with correct results.
+"""Tests for nexus_mlx._platform.blas: the CBLAS shim really routes MLX's CPU GEMMs, with correct results.
 
 Every check runs in a fresh interpreter, because what matters is the order of imports and the
 process-wide symbol resolution, both fixed at the first import. The child prints one JSON line
@@ -49,7 +49,7 @@ def run_child(
 PRELUDE = """
 import json
 import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS, shim_call_counts
+from nexus_mlx._platform.blas import BLAS_STATUS, shim_call_counts
 import mlx.core as mx
 import numpy as np
 
@@ -131,7 +131,7 @@ def test_shim_wins_global_symbol_resolution() -> None:
         """
 import ctypes, json
 import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS
+from nexus_mlx._platform.blas import BLAS_STATUS
 process = ctypes.CDLL(None)
 shim = ctypes.CDLL(BLAS_STATUS.shim)
 same = all(
@@ -156,7 +156,7 @@ import mlx.core
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS, BlasWarning
+from nexus_mlx._platform.blas import BLAS_STATUS, BlasWarning
 hits = [str(w.message) for w in caught if issubclass(w.category, BlasWarning)]
 print(json.dumps({"loaded": BLAS_STATUS.loaded, "warnings": hits}))
 """
@@ -174,7 +174,7 @@ import json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS, BlasWarning, shim_call_counts
+from nexus_mlx._platform.blas import BLAS_STATUS, BlasWarning, shim_call_counts
 import mlx.core as mx
 mx.eval(mx.matmul(mx.ones((8, 8)), mx.ones((8, 8)), stream=mx.cpu))
 print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim,
@@ -196,7 +196,7 @@ def test_ensure_fast_blas_is_idempotent() -> None:
         """
 import json
 import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS, ensure_fast_blas
+from nexus_mlx._platform.blas import BLAS_STATUS, ensure_fast_blas
 print(json.dumps({"same": ensure_fast_blas() is BLAS_STATUS and ensure_fast_blas() is BLAS_STATUS}))
 """
     )
@@ -212,7 +212,7 @@ sys.modules["scipy_openblas32"] = None  # makes `import scipy_openblas32` fail
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS, BlasWarning
+from nexus_mlx._platform.blas import BLAS_STATUS, BlasWarning
 import mlx.core as mx
 total = mx.matmul(mx.ones((4, 4)), mx.ones((4, 4)), stream=mx.cpu).sum().item()
 hits = [str(w.message) for w in caught if issubclass(w.category, BlasWarning)]
@@ -233,7 +233,7 @@ def test_unbuilt_checkout_compiles_shim_into_cache(tmp_path: Path) -> None:
     code = """
 import json
 import nexus_mlx
-from nexus_mlx._blas import BLAS_STATUS
+from nexus_mlx._platform.blas import BLAS_STATUS
 print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim}))
 """
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": None}

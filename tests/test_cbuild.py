@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mlx import _cbuild
+from nexus_mlx._platform import cbuild as _cbuild
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),
                                 reason="needs a C compiler")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nexus_mlx.cli import build_parser, main
+from nexus_mlx.cli.main import build_parser, main
 
 SUBCOMMANDS = ("chat", "demo", "compile", "route", "splice-demo", "repair-demo", "bench", "report")
 
@@ -29,7 +29,7 @@ def test_each_subcommand_has_help(name, capsys):
 
 
 def test_errors_are_one_line_without_traceback():
-    out = subprocess.run([sys.executable, "-m", "nexus_mlx.cli", "chat", "--model", "/nope.gguf", "hi"],
+    out = subprocess.run([sys.executable, "-m", "nexus_mlx.cli.main", "chat", "--model", "/nope.gguf", "hi"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("nexus-mlx: error: model spec '/nope.gguf'")

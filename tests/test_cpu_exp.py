@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from nexus_mlx import _cpu_cache
+from nexus_mlx._platform import cpu_cache as _cpu_cache
 from nexus_mlx.kernels import cpu_exp
 
 

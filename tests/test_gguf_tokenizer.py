@@ -20,7 +20,7 @@ from gguf_fixtures import (
 from mlx_lm import generate
 from tokenizers import pre_tokenizers
 
-from nexus_mlx.errors import ModelFileError
+from nexus_mlx.errors import ModelFormatError
 from nexus_mlx.models.gguf import load_gguf, read_gguf
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import backend_tokenizer, build_tokenizer
@@ -110,9 +110,9 @@ def test_add_bos_token_and_chat_template():
 
 
 def test_unknown_pre_tokenizer_and_model_are_rejected():
-    with pytest.raises(ModelFileError, match="'mystery'"):
+    with pytest.raises(ModelFormatError, match="'mystery'"):
         build_tokenizer(byte_level_md("mystery"))
-    with pytest.raises(ModelFileError, match="'bert'"):
+    with pytest.raises(ModelFormatError, match="'bert'"):
         build_tokenizer({**byte_level_md(), "tokenizer.ggml.model": "bert"})
 
 
@@ -122,7 +122,7 @@ def test_unknown_pre_tokenizer_and_model_are_rejected():
     ({"tokenizer.ggml.tokens": [1, 2, 3]}, "tokens"),
 ])
 def test_inconsistent_metadata(patch, match):
-    with pytest.raises(ModelFileError, match=match):
+    with pytest.raises(ModelFormatError, match=match):
         build_tokenizer({**byte_level_md(), **patch}, "broken.gguf")
 
 

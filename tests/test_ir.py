@@ -12,14 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.agent.tools import Tool
-from nexus_mlx.routing.ir import (
-    IRError,
-    IROptions,
-    ir_length_stats,
-    signature,
-    tool_signature,
-)
+from nexus_mlx.errors import ToolError
+from nexus_mlx.tools.ir import IROptions, ir_length_stats, signature, tool_signature
+from nexus_mlx.tools.tool import Tool
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -182,19 +177,19 @@ def test_descriptions_are_single_line_and_cut() -> None:
 
 def test_documented_errors() -> None:
     for bad in ("", "two words", "tab\t", None, 3):
-        with pytest.raises(IRError, match="tool name"):
+        with pytest.raises(ToolError, match="tool name"):
             signature(bad, {})  # type: ignore[arg-type]
     bad_schemas: list[Any] = [[], "object", 3, None]
     for schema in bad_schemas:
-        with pytest.raises(IRError, match="input schema must be"):
+        with pytest.raises(ToolError, match="input schema must be"):
             signature("f", schema)  # type: ignore[arg-type]
-    with pytest.raises(IRError, match="max_enum"):
+    with pytest.raises(ToolError, match="max_enum"):
         IROptions(max_enum=-1)
-    with pytest.raises(IRError, match="max_literal_chars"):
+    with pytest.raises(ToolError, match="max_literal_chars"):
         IROptions(max_literal_chars=2)
-    with pytest.raises(IRError, match="required_first"):
+    with pytest.raises(ToolError, match="required_first"):
         IROptions(required_first=1)  # type: ignore[arg-type]
-    with pytest.raises(IRError, match="at least one tool"):
+    with pytest.raises(ToolError, match="at least one tool"):
         ir_length_stats([])
     assert IROptions.from_dict({"max_enum": 3, "unknown": 1}) == IROptions(max_enum=3)
 
@@ -307,7 +302,7 @@ OPTIONS = st.builds(
 def test_fuzz_signature(schema: Any, options: IROptions, description: str | None) -> None:
     try:
         out = signature("tool_1", schema, description=description, options=options)
-    except IRError:
+    except ToolError:
         assert not isinstance(schema, (dict, bool))
         return
     assert isinstance(out, str) and out.startswith("tool_1(")

@@ -13,18 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.agent.registry import load_seal_tools, load_tools
-from nexus_mlx.decode.json_constraint import (
-    JsonConstraint,
-    SchemaConstraintError,
-    compile_schema,
-    prepare_schema,
-)
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, prepare_schema
 from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.placeholders import PlaceholderPolicy, check_arguments, find_placeholders
+from nexus_mlx.errors import ToolError
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
+from nexus_mlx.tools.registry import load_seal_tools, load_tools
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -184,9 +180,9 @@ def test_fallback_modes_and_invalid_schemas(tokenizer):
     broken = compile_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
     assert broken.mode == "any_object" and len(broken.notes) == 2
     assert check_arguments({"a": 1}, broken.schema)[0].startswith("/: schema cannot")
-    with pytest.raises(SchemaConstraintError, match="invalid JSON Schema"):
+    with pytest.raises(ToolError, match="invalid JSON Schema"):
         compile_schema({"type": "str"})
-    with pytest.raises(SchemaConstraintError):
+    with pytest.raises(ToolError):
         compile_schema([1, 2])  # type: ignore[arg-type]
     assert compile_schema({"type": "object"}) is compile_schema({"type": "object"})  # cached
 

@@ -11,11 +11,7 @@ from mlx.utils import tree_flatten
 from tiny_models import VOCAB, tiny_model
 
 from nexus_mlx import chat, forward, load, make_cache
-from nexus_mlx.errors import (
-    ModelFileError,
-    ModelSpecError,
-    UnsupportedArchitectureError,
-)
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
 
 PARIS_PROMPT = "What is the capital of France? Answer in one sentence."
 
@@ -77,15 +73,15 @@ def test_directory_with_unsupported_architecture(tmp_path, tokenizer_files):
     config = json.loads((directory / "config.json").read_text())
     config["model_type"] = "starcoder2"
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match="starcoder2"):
+    with pytest.raises(ModelFormatError, match="starcoder2"):
         load(directory)
 
 
 @pytest.mark.parametrize(
     "spec, error, match",
     [
-        ("no-such-alias", ModelSpecError, "no-such-alias"),
-        ("/nonexistent/model.gguf", ModelSpecError, "model.gguf"),
+        ("no-such-alias", ModelNotFoundError, "no-such-alias"),
+        ("/nonexistent/model.gguf", ModelNotFoundError, "model.gguf"),
     ],
 )
 def test_unknown_specs(spec, error, match):
@@ -96,16 +92,16 @@ def test_unknown_specs(spec, error, match):
 def test_wrong_file_kinds(tmp_path):
     text = tmp_path / "weights.txt"
     text.write_text("not a model")
-    with pytest.raises(ModelFileError, match="weights.txt"):
+    with pytest.raises(ModelFormatError, match="weights.txt"):
         load(text)
     empty_dir = tmp_path / "empty"
     empty_dir.mkdir()
-    with pytest.raises(ModelFileError, match="config.json"):
+    with pytest.raises(ModelFormatError, match="config.json"):
         load(empty_dir)
 
 
 def test_bad_dtype():
-    with pytest.raises(ModelSpecError, match="dtype"):
+    with pytest.raises(ModelNotFoundError, match="dtype"):
         load("default", dtype="fp8")
-    with pytest.raises(ModelSpecError, match="floating"):
+    with pytest.raises(ModelNotFoundError, match="floating"):
         load("default", dtype=mx.int32)

@@ -20,15 +20,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from nexus_mlx.agent.mcp_server import (  # noqa: E402
-    AsyncMcpServer,
-    McpServer,
-    McpServerError,
-    McpTimeoutError,
-    ServerSpec,
-    list_server_tools,
-)
-from nexus_mlx.agent.tools import ToolSchemaError  # noqa: E402
+from nexus_mlx.agent.mcp_server import AsyncMcpServer, McpServer, ServerSpec, list_server_tools
+from nexus_mlx.errors import ServerError, ToolError
 
 STUB = textwrap.dedent(
     """
@@ -132,9 +125,9 @@ def test_time_server_calls(time_server: McpServer) -> None:
 def test_time_server_tool_errors_are_results(time_server: McpServer) -> None:
     result = time_server.call_tool("get_current_time", {"timezone": "Not/AZone"})
     assert result.is_error and "Not/AZone" in result.text
-    with pytest.raises(ToolSchemaError, match="arguments of tool"):
+    with pytest.raises(ToolError, match="arguments of tool"):
         time_server.call_tool("get_current_time", {"timezone": float("nan")})
-    with pytest.raises(McpServerError, match="positive number of seconds"):
+    with pytest.raises(ServerError, match="positive number of seconds"):
         time_server.call_tool("get_current_time", {"timezone": "UTC"}, timeout=0)
 
 
@@ -170,7 +163,7 @@ def test_git_server_on_temp_repo(tmp_path: Path) -> None:
 # -- failure modes ---------------------------------------------------------------------------
 def test_missing_command() -> None:
     start = time.perf_counter()
-    with pytest.raises(McpServerError, match="command '/no/such/mcp-server' not found"):
+    with pytest.raises(ServerError, match="command '/no/such/mcp-server' not found"):
         McpServer(ServerSpec("/no/such/mcp-server")).start()
     assert time.perf_counter() - start < 5
 
@@ -180,7 +173,7 @@ def test_server_that_exits_immediately() -> None:
     code = "import sys; print('boom: bad config', file=sys.stderr); sys.exit(3)"
     start = time.perf_counter()
     with pytest.raises(
-        McpServerError, match="closed the connection during initialize.*boom: bad config"
+        ServerError, match="closed the connection during initialize.*boom: bad config"
     ):
         McpServer(ServerSpec(sys.executable, ("-c", code), start_timeout=5)).start()
     assert time.perf_counter() - start < 5
@@ -197,7 +190,7 @@ def test_server_that_exits_immediately() -> None:
 def test_server_that_never_answers_start(code: str) -> None:
     before = children()
     start = time.perf_counter()
-    with pytest.raises(McpTimeoutError, match="did not answer initialize within 1 s"):
+    with pytest.raises(ServerError, match="did not answer initialize within 1 s"):
         McpServer(ServerSpec(sys.executable, ("-c", code), start_timeout=1)).start()
     assert time.perf_counter() - start < 1 + 6  # timeout + the SDK's bounded stdin/SIGTERM shutdown
     assert children() <= before
@@ -205,7 +198,7 @@ def test_server_that_never_answers_start(code: str) -> None:
 
 def test_call_timeout_then_recovery(stub_server: McpServer) -> None:
     start = time.perf_counter()
-    with pytest.raises(McpTimeoutError, match="did not answer tools/call 'sleep' within 0.5 s"):
+    with pytest.raises(ServerError, match="did not answer tools/call 'sleep' within 0.5 s"):
         stub_server.call_tool("stub.sleep", {"seconds": 2}, timeout=0.5)
     assert time.perf_counter() - start < 3
     assert stub_server.call_tool("sleep", {"seconds": 0}).text == "slept 0.0"
@@ -216,10 +209,10 @@ def test_server_dies_mid_call(stub_path: Path) -> None:
     server = McpServer(stub_spec(stub_path, call_timeout=10)).start()
     try:
         start = time.perf_counter()
-        with pytest.raises(McpServerError, match="closed the connection during tools/call 'die'"):
+        with pytest.raises(ServerError, match="closed the connection during tools/call 'die'"):
             server.call_tool("die")
         assert time.perf_counter() - start < 10
-        with pytest.raises(McpServerError):
+        with pytest.raises(ServerError):
             server.call_tool("sleep", {"seconds": 0})
     finally:
         server.close()
@@ -228,14 +221,14 @@ def test_server_dies_mid_call(stub_path: Path) -> None:
 
 def test_facade_lifecycle_and_specs(stub_path: Path) -> None:
     server = McpServer(stub_spec(stub_path))
-    with pytest.raises(McpServerError, match="'stub' is not running"):
+    with pytest.raises(ServerError, match="'stub' is not running"):
         server.call_tool("sleep", {"seconds": 0})
     server.close()  # closing a server that never started is a no-op
-    with pytest.raises(McpServerError, match="positive number"):
+    with pytest.raises(ServerError, match="positive number"):
         ServerSpec("x", start_timeout=float("inf"))
-    with pytest.raises(McpServerError, match="non-empty string"):
+    with pytest.raises(ServerError, match="non-empty string"):
         ServerSpec("")
-    with pytest.raises(McpServerError, match="sequence of strings"):
+    with pytest.raises(ServerError, match="sequence of strings"):
         ServerSpec("x", "-v")  # type: ignore[arg-type]
     spec = ServerSpec.from_dict(
         {"command": "uvx", "args": ["a"], "env": {"K": "V"}, "type": "stdio"}

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from nexus_mlx.repair.multihop import (
+from tasks.multihop import (
     PLACEMENTS,
     QASpec,
     build_case,

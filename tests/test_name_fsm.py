@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.decode.name_fsm import NameFSM, NameFSMError, TokenVocab, vocab_of
+from nexus_mlx.decode.name_fsm import NameFSM, TokenVocab, vocab_of
 from nexus_mlx.decode.tool_call import NAME_GLUE
+from nexus_mlx.errors import ToolError
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
+from nexus_mlx.tools.registry import load_tools
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -174,14 +175,14 @@ def test_remaining_names_the_single_candidate(vocab):
 
 @pytest.mark.parametrize("bad", [[], ["a", "a"]])
 def test_bad_name_lists_raise(vocab, bad):
-    with pytest.raises(NameFSMError):
+    with pytest.raises(ToolError):
         NameFSM(bad, vocab)
 
 
 def test_ambiguous_terminator_raises(vocab):
-    with pytest.raises(NameFSMError, match="prefix"):
+    with pytest.raises(ToolError, match="prefix"):
         NameFSM(["a", 'a"b'], vocab, terminator='"')
-    with pytest.raises(NameFSMError):
+    with pytest.raises(ToolError):
         NameFSM(["a"], vocab, terminator="")
 
 

@@ -8,8 +8,7 @@ import re
 
 import numpy as np
 import pytest
-
-from nexus_mlx.repair.niah import (
+from tasks.niah import (
     NiahSpec,
     answer_prefix,
     make_case,

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, tiny_model
 
+from nexus_mlx.agent.radix_arena import Match, RadixArena
 from nexus_mlx.errors import CacheError, TokenError
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.kv.radix_arena import Match, RadixArena
 from nexus_mlx.models.forward import forward, make_cache
 
 TOL = 1e-4

@@ -12,11 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.agent.registry import (
+from nexus_mlx.errors import FormatError, ToolError
+from nexus_mlx.tools.registry import (
     FILE_FORMAT,
-    ToolFileError,
     ToolRegistry,
-    ToolRegistryError,
     load_seal_tools,
     load_tools,
     load_tools_json,
@@ -25,12 +24,7 @@ from nexus_mlx.agent.registry import (
     split_identifier,
     text_for_embedding,
 )
-from nexus_mlx.agent.tools import (
-    MAX_JSON_DEPTH,
-    Tool,
-    ToolSchemaError,
-    sanitize_name,
-)
+from nexus_mlx.tools.tool import MAX_JSON_DEPTH, Tool, sanitize_name
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -98,7 +92,7 @@ def test_seal_tools_load_with_mapped_types() -> None:
 
 @needs_seal
 def test_seal_names_are_rejected_without_sanitizing() -> None:
-    with pytest.raises(ToolFileError, match=r"line \d+: .*'requestFirst Aid Assistance'"):
+    with pytest.raises(FormatError, match=r"line \d+: .*'requestFirst Aid Assistance'"):
         load_seal_tools(SEAL, sanitize=False)
 
 
@@ -165,11 +159,11 @@ def test_seal_tool_fallbacks_and_errors() -> None:
         "description": "x",
     }
     assert tool.annotations == {"field": "Math"}
-    with pytest.raises(ToolSchemaError, match="parameter 'a' must be an object"):
+    with pytest.raises(ToolError, match="parameter 'a' must be an object"):
         seal_tool({**row, "parameters": {"a": "str"}})
-    with pytest.raises(ToolSchemaError, match="'parameters' must be an object"):
+    with pytest.raises(ToolError, match="'parameters' must be an object"):
         seal_tool({**row, "parameters": ["a"]})
-    with pytest.raises(ToolSchemaError, match="non-empty string"):
+    with pytest.raises(ToolError, match="non-empty string"):
         seal_tool({"parameters": {}})
 
 
@@ -188,11 +182,11 @@ def test_registry_basics() -> None:
     assert len(registry) == 2 and registry.names() == ["status", "log"]
     assert [t.name for t in registry] == ["status", "log"]
     assert "log" in registry and "nope" not in registry
-    with pytest.raises(ToolRegistryError, match=r"no tool named 'stauts' .*close matches: status"):
+    with pytest.raises(ToolError, match=r"no tool named 'stauts' .*close matches: status"):
         registry.get("stauts")
     removed = registry.remove("status")
     assert removed.name == "status" and registry.names() == ["log"]
-    with pytest.raises(ToolRegistryError, match="'status'"):
+    with pytest.raises(ToolError, match="'status'"):
         registry.remove("status")
     registry.add(removed)
     assert registry.names() == ["log", "status"]
@@ -201,27 +195,27 @@ def test_registry_basics() -> None:
 def test_duplicates_are_rejected_atomically() -> None:
     registry = small()
     digest = registry.digest()
-    with pytest.raises(ToolRegistryError, match="duplicate tool name 'log'"):
+    with pytest.raises(ToolError, match="duplicate tool name 'log'"):
         registry.extend([Tool("new"), Tool("log")])
     assert registry.digest() == digest and "new" not in registry
-    with pytest.raises(ToolRegistryError, match="duplicate tool name 'x'"):
+    with pytest.raises(ToolError, match="duplicate tool name 'x'"):
         ToolRegistry([Tool("x"), Tool("x", "other")])
-    with pytest.raises(ToolRegistryError, match="holds Tool objects"):
+    with pytest.raises(ToolError, match="holds Tool objects"):
         registry.add({"name": "dict"})  # type: ignore[arg-type]
 
 
 def test_merge_namespacing() -> None:
     a, b = small(), small()
-    with pytest.raises(ToolRegistryError, match="duplicate tool name 'status'"):
+    with pytest.raises(ToolError, match="duplicate tool name 'status'"):
         a.merge(b)
     merged = a.merge(b, namespace="git").merge(small(), namespace="hg")
     assert merged.names() == ["status", "log", "git.status", "git.log", "hg.status", "hg.log"]
     tool = merged.get("git.status")
     assert (tool.name, tool.server, tool.qualified_name) == ("status", "git", "git.status")
     assert a.names() == ["status", "log"] and b.names() == ["status", "log"]
-    with pytest.raises(ToolRegistryError, match="already has namespace 'git'"):
+    with pytest.raises(ToolError, match="already has namespace 'git'"):
         merged.namespaced("vcs")
-    with pytest.raises(ToolSchemaError, match="namespace 'a.b' is invalid"):
+    with pytest.raises(ToolError, match="namespace 'a.b' is invalid"):
         a.merge(b, namespace="a.b")
     assert ToolRegistry().merge(a, namespace="x").names() == ["x.status", "x.log"]
 
@@ -257,7 +251,7 @@ def test_tool_from_dict_accepts_both_spellings_and_ignores_unknown_keys() -> Non
     assert camel == snake and hash(camel) == hash(snake) and len({camel, snake}) == 1
     assert Tool.from_dict({"name": "bare"}).input_schema == {"type": "object", "properties": {}}
     assert Tool.from_dict(camel.to_dict()) == camel
-    with pytest.raises(ToolSchemaError, match="both inputSchema and input_schema"):
+    with pytest.raises(ToolError, match="both inputSchema and input_schema"):
         Tool.from_dict({"name": "t", "inputSchema": obj(), "input_schema": obj()})
 
 
@@ -287,16 +281,16 @@ def test_tool_from_dict_accepts_both_spellings_and_ignores_unknown_keys() -> Non
     ],
 )
 def test_tool_rejects_bad_fields(kwargs: dict, message: str) -> None:
-    with pytest.raises(ToolSchemaError, match=message):
+    with pytest.raises(ToolError, match=message):
         Tool(**kwargs)
 
 
 def test_tool_hostile_schemas_are_bounded() -> None:
     cyclic: dict = {"type": "object"}
     cyclic["properties"] = {"self": cyclic}
-    with pytest.raises(ToolSchemaError, match="deeper than"):
+    with pytest.raises(ToolError, match="deeper than"):
         Tool("t", input_schema=cyclic)
-    with pytest.raises(ToolSchemaError, match="deeper than"):
+    with pytest.raises(ToolError, match="deeper than"):
         Tool("t", input_schema=obj(a=nested(MAX_JSON_DEPTH + 10_000)))
     start = time.perf_counter()
     huge = Tool("t", input_schema=obj(a={"enum": [f"v{i}" for i in range(100_000)]}))
@@ -323,7 +317,7 @@ def test_sanitize_name() -> None:
     assert sanitize_name("requestFirst Aid Assistance") == "requestFirst_Aid_Assistance"
     assert sanitize_name("..a/b c") == "a_b_c"
     assert len(sanitize_name("x" * 500)) == 128
-    with pytest.raises(ToolSchemaError, match="no usable characters"):
+    with pytest.raises(ToolError, match="no usable characters"):
         sanitize_name(" ... ")
 
 
@@ -344,16 +338,16 @@ def test_sanitize_name() -> None:
 def test_bad_json_files(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "tools.json"
     path.write_text(content)
-    with pytest.raises(ToolFileError, match=message):
+    with pytest.raises(FormatError, match=message):
         load_tools_json(path)
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(ToolFileError, match="cannot read tool file"):
+    with pytest.raises(FormatError, match="cannot read tool file"):
         load_tools_json(tmp_path / "missing.json")
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ToolFileError, match="cannot read tool file"):
+    with pytest.raises(FormatError, match="cannot read tool file"):
         load_tools_json(binary)
     assert len(load_tools_json(_write(tmp_path / "empty.json", "[]"))) == 0
 
@@ -366,19 +360,19 @@ def _write(path: Path, text: str) -> Path:
 def test_bad_seal_files(tmp_path: Path) -> None:
     good = {"api_name": "a", "api_description": "d", "parameters": {}, "required": []}
     path = _write(tmp_path / "t.jsonl", json.dumps(good) + "\n\n" + "{oops\n")
-    with pytest.raises(ToolFileError, match="line 3: not valid JSON"):
+    with pytest.raises(FormatError, match="line 3: not valid JSON"):
         load_seal_tools(path)
     _write(path, json.dumps(good) + "\n" + json.dumps({**good, "required": "a"}))
-    with pytest.raises(ToolFileError, match="line 2: .*'required' must be a list"):
+    with pytest.raises(FormatError, match="line 2: .*'required' must be a list"):
         load_seal_tools(path)
     _write(path, json.dumps(good) + "\n" + json.dumps(good))
-    with pytest.raises(ToolFileError, match="duplicate tool name 'a'"):
+    with pytest.raises(FormatError, match="duplicate tool name 'a'"):
         load_seal_tools(path)
     _write(path, "")
     assert len(load_seal_tools(path)) == 0
 
 
-# -- fuzzing: a Tool is valid or raises ToolSchemaError, nothing else -----------------------------
+# -- fuzzing: a Tool is valid or raises ToolError, nothing else -----------------------------
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
@@ -391,6 +385,6 @@ JSON = st.recursive(
 def test_fuzz_tool_construction(name: object, schema: object, annotations: object) -> None:
     try:
         tool = Tool(name, "d", schema, annotations)  # type: ignore[arg-type]
-    except ToolSchemaError:
+    except ToolError:
         return
     assert Tool.from_dict(tool.to_dict()) == tool

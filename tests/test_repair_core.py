@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import VOCAB, tiny_model
 
-from nexus_mlx.errors import CacheError, TokenError
+from nexus_mlx.errors import ArgumentError, CacheError, TokenError
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.repair import (
+from nexus_mlx.refresh import (
     Edit,
     budget_tokens,
     dirty,
@@ -26,8 +26,7 @@ from nexus_mlx.repair import (
     reprefill,
     shift,
 )
-from nexus_mlx.repair.allocators import ALLOCATORS, AllocatorError, register
-from nexus_mlx.repair.budget import BudgetError
+from nexus_mlx.refresh.allocators import ALLOCATORS, register
 
 TOL = 1e-4
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, 40)
@@ -65,7 +64,7 @@ def test_budget_examples_and_errors():
     assert budget_tokens(1000, 2) == 20 and budget_tokens(1001, 2) == 21
     assert budget_tokens(7, 0) == 0 and budget_tokens(7, 100) == 7
     for bad in (-0.1, 100.5, float("nan"), "5"):
-        with pytest.raises(BudgetError):
+        with pytest.raises(ArgumentError):
             budget_tokens(10, bad)
 
 
@@ -143,11 +142,11 @@ def test_bad_requests():
         repair(model, cache, Edit(30, 50), QUERY)
     with pytest.raises(CacheError):
         repair(model, cache, Edit(5, 5), QUERY)
-    with pytest.raises(BudgetError):
+    with pytest.raises(ArgumentError):
         repair(model, cache, EDIT, QUERY, budget=120, allocator="legolink")
     with pytest.raises(TokenError):
         repair(model, cache, EDIT, [], allocator="legolink")
-    with pytest.raises(AllocatorError, match="unknown allocator"):
+    with pytest.raises(ArgumentError, match="unknown allocator"):
         repair(model, cache, EDIT, QUERY, allocator="nope")
     with pytest.raises(CacheError, match="executor"):
         repair(model, cache, EDIT, QUERY, allocator="legolink", executor="turbo")
@@ -158,5 +157,5 @@ def test_contract_breaking_allocator_is_caught():
     if "test_greedy_bad" not in ALLOCATORS:
         register("test_greedy_bad")(lambda req: np.arange(req.budget + 1))
     model = tiny_model("llama")
-    with pytest.raises(AllocatorError, match="returned 4 positions for budget 3"):
+    with pytest.raises(ArgumentError, match="returned 4 positions for budget 3"):
         repair(model, _filled(model), EDIT, QUERY, budget=10, allocator="test_greedy_bad")

@@ -9,9 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from nexus_mlx import report
-from nexus_mlx.report import BENCHES, fmt, fmt_ci, fmt_pct, render_report, write_report
+import report
+from report import BENCHES, fmt, fmt_ci, fmt_pct, render_report, write_report
 
 MACHINE = {
     "platform": "Linux-test", "cpu": "Test CPU", "cores": 2, "python": "3.11.7", "mlx": "0.32.4",

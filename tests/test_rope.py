@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.rope_utils import initialize_rope
 
-from nexus_mlx.errors import PositionError, RopeMismatchError, UnsupportedRopeError
+from nexus_mlx.errors import ModelFormatError, ModelMismatchError, PositionError
 from nexus_mlx.kv.rope import RopeSpec, apply_rope, reanchor
 
 HEAD_DIM = 32
@@ -102,7 +102,7 @@ def test_fingerprint_is_stable_and_sensitive():
 def test_validate_names_every_mismatching_field():
     a = RopeSpec.from_config(64, 10000.0, False, None, 2048)
     b = RopeSpec.from_config(64, 500000.0, True, {"type": "linear", "factor": 2.0}, 4096)
-    with pytest.raises(RopeMismatchError) as info:
+    with pytest.raises(ModelMismatchError) as info:
         a.validate(b)
     msg = str(info.value)
     for field in ("base", "traditional", "scaling_type", "scaling", "max_position_embeddings"):
@@ -111,11 +111,11 @@ def test_validate_names_every_mismatching_field():
 
 
 def test_rejects_dynamic_and_unknown_scaling():
-    with pytest.raises(UnsupportedRopeError, match="dynamic"):
+    with pytest.raises(ModelFormatError, match="dynamic"):
         RopeSpec.from_config(64, 10000.0, False, {"type": "dynamic", "factor": 2.0})
-    with pytest.raises(UnsupportedRopeError, match="wobbly"):
+    with pytest.raises(ModelFormatError, match="wobbly"):
         RopeSpec.from_config(64, 10000.0, False, {"type": "wobbly"})
-    with pytest.raises(UnsupportedRopeError, match="even"):
+    with pytest.raises(ModelFormatError, match="even"):
         RopeSpec(head_dim=64, dims=7, base=10000.0)
 
 

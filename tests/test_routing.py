@@ -9,21 +9,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from nexus_mlx.agent.registry import ToolRegistry, load_tools
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing.embedder import Embedder
-from nexus_mlx.routing.gate import Calibration, CalibrationError, MarginGate, calibrate, margin
+from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin
 from nexus_mlx.routing.rerank import (
     QL_ANSWER,
     QL_PROMPT,
     LLMReranker,
     QueryLikelihoodReranker,
-    RerankError,
     chat_prompt,
     tool_prose,
 )
-from nexus_mlx.routing.router import DEFAULT_K, QUERY_PREFIX, Router, RoutingError, build_router
+from nexus_mlx.routing.router import DEFAULT_K, QUERY_PREFIX, Router, build_router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
+from nexus_mlx.tools.registry import ToolRegistry, load_tools
 
 GITHUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
 pytestmark = pytest.mark.skipif(not GITHUB.exists(), reason="shared data not available")
@@ -42,7 +42,7 @@ def test_margin_and_gate():
     assert margin([0.5]) == float("inf")
     gate = MarginGate(0.1)
     assert gate.auto_route([0.9, 0.7]) and not gate.auto_route([0.75, 0.7])
-    with pytest.raises(CalibrationError):
+    with pytest.raises(ArgumentError):
         margin([])
 
 
@@ -65,7 +65,7 @@ def test_calibration_is_the_20th_percentile_of_adversarial_margins(github, tmp_p
     assert again == cal
     again.check(slb)
     other = SemanticLookasideBuffer(slb.dim, "another-embedder")
-    with pytest.raises(CalibrationError, match="embedder"):
+    with pytest.raises(ArgumentError, match="embedder"):
         again.check(other)
 
 
@@ -90,9 +90,9 @@ def test_router_escalates_to_the_llm_reranker(github, default_model):
 
 def test_router_rejects_mismatched_parts(github):
     registry, embedder, slb = github
-    with pytest.raises(RoutingError, match="differ"):
+    with pytest.raises(ArgumentError, match="differ"):
         Router(registry, embedder, SemanticLookasideBuffer(slb.dim, "x"), MarginGate(0.1))
-    with pytest.raises(RoutingError, match="k must"):
+    with pytest.raises(ArgumentError, match="k must"):
         Router(registry, embedder, slb, MarginGate(0.1), k=0)
 
 
@@ -131,11 +131,11 @@ def test_query_likelihood_fuses_the_retrieval_score(github, default_model):
     for (name, score), cosine in zip(sorted(fused), (0.9, 0.1, 0.5), strict=True):
         assert score == pytest.approx(plain[name] + 2.0 * cosine, abs=1e-9)
     assert fused[0][0] == "create_repository"
-    with pytest.raises(RerankError, match="2 retrieval scores for 3"):
+    with pytest.raises(ArgumentError, match="2 retrieval scores for 3"):
         QueryLikelihoodReranker(model, tokenizer).rerank(query, tools, [0.1, 0.2])
-    with pytest.raises(RerankError, match="retrieval_weight"):
+    with pytest.raises(ArgumentError, match="retrieval_weight"):
         QueryLikelihoodReranker(model, tokenizer, retrieval_weight=-1.0)
-    with pytest.raises(RerankError, match="max_prompts"):
+    with pytest.raises(ArgumentError, match="max_prompts"):
         QueryLikelihoodReranker(model, tokenizer, max_prompts=0)
 
 
@@ -154,5 +154,5 @@ def test_build_router_uses_the_tuned_defaults(github, default_model):
     assert decision.escalated and decision.reranked is not None
     names = [n for n, _ in decision.candidates]
     assert sorted(n for n, _ in decision.reranked) == sorted(names)
-    with pytest.raises(RoutingError, match="empty"):
+    with pytest.raises(ArgumentError, match="empty"):
         build_router(ToolRegistry(), model, tokenizer, embedder=embedder)

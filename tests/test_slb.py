@@ -21,21 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import metal_emulation as emu
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import nexus_mlx.kernels.int8_scan as ks
-from nexus_mlx.agent.registry import ToolRegistry, load_tools_json
-from nexus_mlx.agent.tools import Tool
+from nexus_mlx.errors import ArgumentError, ModelMismatchError
 from nexus_mlx.kernels import cuda_available, metal_available
-from nexus_mlx.kernels import metal_emulation as emu
-from nexus_mlx.routing.slb import (
-    SemanticLookasideBuffer,
-    SLBError,
-    SLBMismatchError,
-    recall_at_k,
-)
+from nexus_mlx.routing.slb import SemanticLookasideBuffer, recall_at_k
+from nexus_mlx.tools.registry import ToolRegistry, load_tools_json
+from nexus_mlx.tools.tool import Tool
 
 NATIVE = ks.native_scan()
 needs_native = pytest.mark.skipif(NATIVE is None, reason=ks.native_status().reason)
@@ -102,7 +98,7 @@ def test_quantize_rows_is_the_definition() -> None:
     assert (np.abs(c).max(axis=1) == 127).all()
     err = np.abs(c * s[:, None].astype(np.float64) - v)
     assert (err <= s[:, None] * 0.5 * (1 + 1e-5)).all()
-    with pytest.raises(ks.ScanInputError, match="non-finite"):
+    with pytest.raises(ks.ArgumentError, match="non-finite"):
         ks.quantize_rows(np.array([[1.0, np.nan]], np.float32))
 
 
@@ -124,7 +120,7 @@ def test_native_quantizers_equal_numpy(isa: str) -> None:
             assert np.float32(got_scale) == want_scale[0], (isa, d)
             np.testing.assert_array_equal(got[:d], want[0])
             assert not got[d:].any()
-    with pytest.raises(ks.ScanInputError, match="non-finite"):
+    with pytest.raises(ks.ArgumentError, match="non-finite"):
         NATIVE.quantize(np.array([1.0, np.inf], np.float32), 64, isa)
 
 
@@ -226,24 +222,24 @@ def test_native_rejects_bad_arguments() -> None:
     assert NATIVE is not None
     codes, sums = _padded(np.ones((3, 64), np.int8))
     q = np.ones(64, np.int8)
-    with pytest.raises(ks.ScanInputError, match="multiple of 64"):
+    with pytest.raises(ks.ArgumentError, match="multiple of 64"):
         NATIVE.scores(np.ones((3, 48), np.int8), sums, q[:48])
-    with pytest.raises(ks.ScanInputError, match="sums"):
+    with pytest.raises(ks.ArgumentError, match="sums"):
         NATIVE.scores(codes, sums[:2], q)
-    with pytest.raises(ks.ScanInputError, match="-128"):
+    with pytest.raises(ks.ArgumentError, match="-128"):
         NATIVE.scores(codes, sums, np.full(64, -128, np.int8))
-    with pytest.raises(ks.ScanInputError, match="unknown ISA"):
+    with pytest.raises(ks.ArgumentError, match="unknown ISA"):
         NATIVE.scores(codes, sums, q, "sse9")
     missing = next((i for i in ks.ISAS if i not in NATIVE.isas), None)
     if missing is not None:
-        with pytest.raises(ks.ScanInputError, match="not available"):
+        with pytest.raises(ks.ArgumentError, match="not available"):
             NATIVE.scores(codes, sums, q, missing)
     bound = NATIVE.bind(codes, sums, np.ones(3, np.float32), 64)
-    with pytest.raises(ks.ScanInputError, match="positive integer"):
+    with pytest.raises(ks.ArgumentError, match="positive integer"):
         bound.search(np.ones(64, np.float32), 0)
-    with pytest.raises(ks.ScanInputError, match="non-finite"):
+    with pytest.raises(ks.ArgumentError, match="non-finite"):
         bound.search(np.full(64, np.nan, np.float32), 1)
-    with pytest.raises(ks.ScanInputError, match="shape"):
+    with pytest.raises(ks.ArgumentError, match="shape"):
         bound.search(np.ones(63, np.float32), 1)
 
 
@@ -275,9 +271,9 @@ def test_mlx_reference_and_cpu_dispatcher_equal_numpy() -> None:
         assert got.dtype == mx.int32
         np.testing.assert_array_equal(np.array(got), want)
         np.testing.assert_array_equal(np.array(ks.int8_scores(mx.array(codes), mx.array(q))), want)
-    with pytest.raises(ks.ScanInputError, match="int8"):
+    with pytest.raises(ks.ArgumentError, match="int8"):
         ks.int8_scores(mx.zeros((2, 4)), mx.zeros((4,), dtype=mx.int8))
-    with pytest.raises(ks.ScanInputError, match="query"):
+    with pytest.raises(ks.ArgumentError, match="query"):
         ks.int8_scores(mx.zeros((2, 4), dtype=mx.int8), mx.zeros((3,), dtype=mx.int8))
 
 
@@ -386,49 +382,49 @@ def test_add_and_remove_keep_names_aligned_with_rows() -> None:
     np.testing.assert_array_equal(slb.scan(q, 4)[1], fresh.scan(q, 4)[1])
     slb.remove(list("acdf"))
     assert len(slb) == 0
-    with pytest.raises(SLBError, match="empty"):
+    with pytest.raises(ArgumentError, match="empty"):
         slb.scan(q, 1)
 
 
 def test_caller_errors_name_the_values_and_change_nothing() -> None:
     slb = _buffer(3, d=32)
     before = (slb.names, slb.codes.copy(), slb.scales.copy())
-    with pytest.raises(SLBError, match=r"shape \(2, 31\).*dim 32"):
+    with pytest.raises(ArgumentError, match=r"shape \(2, 31\).*dim 32"):
         slb.add(["x", "y"], np.ones((2, 31)))
-    with pytest.raises(SLBError, match=r"already in the buffer: \['tool_1'\]"):
+    with pytest.raises(ArgumentError, match=r"already in the buffer: \['tool_1'\]"):
         slb.add(["x", "tool_1"], np.ones((2, 32)))
-    with pytest.raises(SLBError, match=r"duplicate names in one add call: \['x'\]"):
+    with pytest.raises(ArgumentError, match=r"duplicate names in one add call: \['x'\]"):
         slb.add(["x", "x"], np.ones((2, 32)))
-    with pytest.raises(SLBError, match="single string"):
+    with pytest.raises(ArgumentError, match="single string"):
         slb.add("x", np.ones(32))  # type: ignore[arg-type]
-    with pytest.raises(SLBError, match="NaN or inf"):
+    with pytest.raises(ArgumentError, match="NaN or inf"):
         slb.add(["x"], np.full((1, 32), np.inf))
-    with pytest.raises(SLBError, match="non-empty strings"):
+    with pytest.raises(ArgumentError, match="non-empty strings"):
         slb.add([""], np.ones((1, 32)))
-    with pytest.raises(SLBError, match=r"not in the buffer: \['nope'\]"):
+    with pytest.raises(ArgumentError, match=r"not in the buffer: \['nope'\]"):
         slb.remove(["tool_0", "nope"])
     assert slb.names == before[0]
     np.testing.assert_array_equal(slb.codes, before[1])
     np.testing.assert_array_equal(slb.scales, before[2])
     q = np.ones(32, np.float32)
     for k in (0, -1, 1.5, True):
-        with pytest.raises(SLBError, match="k must be a positive integer"):
+        with pytest.raises(ArgumentError, match="k must be a positive integer"):
             slb.scan(q, k)  # type: ignore[arg-type]
     for use_kernel in (True, False):
-        with pytest.raises(SLBError, match=r"shape \(31,\).*dim 32"):
+        with pytest.raises(ArgumentError, match=r"shape \(31,\).*dim 32"):
             slb.scan(np.ones(31), 1, use_kernel=use_kernel)
-        with pytest.raises(SLBError, match="non-finite"):
+        with pytest.raises(ArgumentError, match="non-finite"):
             slb.scan(np.full(32, np.nan), 1, use_kernel=use_kernel)
-    with pytest.raises(SLBError, match="device"):
+    with pytest.raises(ArgumentError, match="device"):
         slb.scan(q, 1, device="tpu", use_kernel=False)  # type: ignore[arg-type]
-    with pytest.raises(SLBError, match="no tool named 'zzz'"):
+    with pytest.raises(ArgumentError, match="no tool named 'zzz'"):
         slb.index("zzz")
-    with pytest.raises(SLBError, match="dim must be"):
+    with pytest.raises(ArgumentError, match="dim must be"):
         SemanticLookasideBuffer(0, "e")
-    with pytest.raises(SLBError, match="embedder_id"):
+    with pytest.raises(ArgumentError, match="embedder_id"):
         SemanticLookasideBuffer(8, "")
     lean = _buffer(3, d=32, keep_float=False)
-    with pytest.raises(SLBError, match="keep_float=False"):
+    with pytest.raises(ArgumentError, match="keep_float=False"):
         lean.scan_exact(q, 1)
     assert lean.scan(q, 2)[0].shape == (2,)
 
@@ -445,9 +441,9 @@ def test_save_and_load_round_trip_and_checks(tmp_path: Path) -> None:
     q = _unit(np.random.default_rng(16), 1, 96)[0]
     for a, b in zip(back.scan(q, 5), slb.scan(q, 5), strict=True):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(SLBMismatchError, match="'test-embedder', not 'other'"):
+    with pytest.raises(ModelMismatchError, match="'test-embedder', not 'other'"):
         SemanticLookasideBuffer.load(path, embedder_id="other")
-    with pytest.raises(SLBMismatchError, match="dim 96.*not dim 384"):
+    with pytest.raises(ModelMismatchError, match="dim 96.*not dim 384"):
         SemanticLookasideBuffer.load(path, dim=384)
     lean = _buffer(4, d=96, keep_float=False)
     lean.save(tmp_path / "lean.slb")
@@ -459,13 +455,13 @@ def test_save_and_load_round_trip_and_checks(tmp_path: Path) -> None:
     parts["codes"] = parts["codes"].copy()
     parts["codes"][0, 0] ^= 1
     np.savez(tmp_path / "bad.npz", **parts)
-    with pytest.raises(SLBError, match="do not match the stored vectors"):
+    with pytest.raises(ArgumentError, match="do not match the stored vectors"):
         SemanticLookasideBuffer.load(tmp_path / "bad.npz")
     np.savez(tmp_path / "foreign.npz", x=np.zeros(3))
-    with pytest.raises(SLBError, match="no SLB metadata"):
+    with pytest.raises(ArgumentError, match="no SLB metadata"):
         SemanticLookasideBuffer.load(tmp_path / "foreign.npz")
     (tmp_path / "cut.slb").write_bytes(path.read_bytes()[:100])
-    with pytest.raises(SLBError, match="not a readable SLB file"):
+    with pytest.raises(ArgumentError, match="not a readable SLB file"):
         SemanticLookasideBuffer.load(tmp_path / "cut.slb")
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from tiny_models import VOCAB, tiny_model
 
-from nexus_mlx.errors import BlockMismatchError, CacheOverflowError
+from nexus_mlx.blocks.atb import read_block, write_block
+from nexus_mlx.blocks.compile import compile_block, compile_directory
+from nexus_mlx.blocks.curve import Curve
+from nexus_mlx.blocks.splicing import splice
+from nexus_mlx.errors import CacheError, ModelMismatchError
 from nexus_mlx.kv.rope import reanchor
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.splice.atb import read_block, write_block
-from nexus_mlx.splice.compile import compile_block, compile_directory
-from nexus_mlx.splice.curve import Curve
-from nexus_mlx.splice.splice import splice
 
 TOL = 1e-4
 rng = np.random.default_rng(0)
@@ -102,7 +102,7 @@ def test_foreign_block_is_refused_and_cache_unchanged():
     cache = make_cache(model)
     forward(model, CONTEXT, cache)
     keys_before = np.array(cache.keys(0))
-    with pytest.raises(BlockMismatchError, match="weights_digest"):
+    with pytest.raises(ModelMismatchError, match="weights_digest"):
         splice(model, cache, block)
     assert cache.n_past == len(CONTEXT)
     assert np.array_equal(np.array(cache.keys(0)), keys_before)
@@ -113,7 +113,7 @@ def test_overflowing_splice_is_refused_and_cache_unchanged():
     block = compile_block(model, None, SCHEMA)
     cache = make_cache(model, max_tokens=20)
     forward(model, CONTEXT, cache)
-    with pytest.raises(CacheOverflowError):
+    with pytest.raises(CacheError):
         splice(model, cache, block)
     assert cache.n_past == len(CONTEXT)
 
@@ -144,7 +144,7 @@ def test_query_directed_seam_repair_on_the_default_model(default_model):
     import json
     from pathlib import Path
 
-    from nexus_mlx.splice.curve import CurveError
+    from nexus_mlx.blocks.curve import ArgumentError
 
     model, tokenizer = default_model
     tools = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
@@ -163,6 +163,6 @@ def test_query_directed_seam_repair_on_the_default_model(default_model):
     assert result.path == "repaired" and result.recomputed == ref.recomputed > 0
     assert result.r_pct == ref.r_pct
     untouched = trailing.fork(0, 300)
-    with pytest.raises(CurveError, match="query"):
+    with pytest.raises(ArgumentError, match="query"):
         splice(model, untouched, block, curve="sur")
     assert untouched.n_past == 300

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models
 from tokenizers import pre_tokenizers as pre
 
+from nexus_mlx.errors import TokenError
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
-from nexus_mlx.models.token_text import TokenTextError, gpt2_unicode_to_byte, token_char_spans
+from nexus_mlx.models.tokenizer import gpt2_unicode_to_byte, token_char_spans
 
 TEXTS = [
     "Hello world", "  leading spaces and  double  spaces ", "tabs\tand\nnewlines\n\n\nend",
@@ -147,9 +148,9 @@ def test_metaspace_decoder():
 def test_unsupported_decoder_and_unknown_id(smol):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     tok.decoder = decoders.WordPiece()
-    with pytest.raises(TokenTextError, match="WordPiece"):
+    with pytest.raises(TokenError, match="WordPiece"):
         token_char_spans(tok, [1])
-    with pytest.raises(TokenTextError, match="token id 99999"):
+    with pytest.raises(TokenError, match="token id 99999"):
         token_char_spans(smol, [1, 99999])
-    with pytest.raises(TokenTextError, match="no `tokenizers` backend"):
+    with pytest.raises(TokenError, match="no `tokenizers` backend"):
         token_char_spans(object(), [1])

@@ -9,26 +9,26 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from nexus_mlx.agent.registry import load_tools
-from nexus_mlx.agent.tools import Tool
 from nexus_mlx.decode.generate import generate_tokens
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import NameFSM, vocab_of
 from nexus_mlx.decode.placeholders import find_placeholders
 from nexus_mlx.decode.tool_call import (
     CALL_PREFIX,
-    ToolCallError,
     call_tool,
     describe,
     generate_tool_call,
     tool_call_prompt,
 )
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
-from nexus_mlx.routing.ir import tool_signature
+from nexus_mlx.tools.ir import tool_signature
+from nexus_mlx.tools.registry import load_tools
+from nexus_mlx.tools.tool import Tool
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -163,13 +163,13 @@ def test_prompt_format(tokenizer, github):
 def test_caller_errors(tiny, tokenizer, github):
     tools = [github.get("get_me")]
     prompt = tool_call_prompt(tokenizer, "who am I", tools)
-    with pytest.raises(ToolCallError, match="at least one"):
+    with pytest.raises(ArgumentError, match="at least one"):
         generate_tool_call(tiny, tokenizer, None, prompt, [])
-    with pytest.raises(ToolCallError, match="duplicate"):
+    with pytest.raises(ArgumentError, match="duplicate"):
         generate_tool_call(tiny, tokenizer, None, prompt, tools * 2)
-    with pytest.raises(ToolCallError, match="must end with"):
+    with pytest.raises(ArgumentError, match="must end with"):
         generate_tool_call(tiny, tokenizer, None, prompt[:-2], tools)
-    with pytest.raises(ToolCallError):
+    with pytest.raises(ArgumentError):
         tool_call_prompt(tokenizer, "x", [])
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
-from nexus_mlx.repair.units import (
+from nexus_mlx.sur.units import (
     MAX_UNIT,
     MIN_UNIT,
     Units,

@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
 
-from nexus_mlx.models.build import model_classes  # noqa: E402
+from nexus_mlx.models.build import model_classes
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GITHUB = DATA / "github-mcp" / "tools.json"
@@ -61,7 +61,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def github_tools():
     """The 117 GitHub MCP tools (skipped when the shared data is absent)."""
-    from nexus_mlx.agent.registry import load_tools
+    from nexus_mlx.tools.registry import load_tools
 
     if not GITHUB.is_file():
         pytest.skip(f"{GITHUB} not present")

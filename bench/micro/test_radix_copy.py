@@ -8,7 +8,7 @@ positions, and the match leaves the requested remainder to prefill.
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.kv.radix_arena import RadixArena
+from nexus_mlx.agent.radix_arena import RadixArena
 from nexus_mlx.models.forward import make_cache
 
 TOKENS = 491  # a 256-token history and a 235-token schema

@@ -10,8 +10,8 @@ import numpy as np
 
 from nexus_mlx.kv.rope import reanchor
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.splice.compile import compile_block
-from nexus_mlx.splice.splice import splice
+from nexus_mlx.blocks.compile import compile_block
+from nexus_mlx.blocks.splicing import splice
 
 PREFIX, BLOCK, QUERY = 256, 235, 8
 

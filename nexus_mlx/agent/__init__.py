@@ -1,7 +1,4 @@
-"""The agent layer: tools, the tool registry (files and live MCP servers) and, later, the turn.
-
-Submodules are imported on demand: ``nexus_mlx.agent.tools`` (the ``Tool`` type),
-``nexus_mlx.agent.registry`` (``ToolRegistry`` and file loaders) and
-``nexus_mlx.agent.mcp_server`` (live MCP servers over stdio; needs the ``mcp`` package).
-Importing this package alone imports none of them.
-"""
+"""The agent floor: live MCP servers over stdio (:mod:`.mcp_server`), the routed tool-calling
+agent (:mod:`.orchestrator`), the cross-turn sidecar window (:mod:`.sidecar`) and the L0 radix
+arena for warm-prefix reuse (:mod:`.radix_arena`). Importing this package imports none of
+them."""

@@ -9,18 +9,18 @@ and offers ``list_tools() -> ToolRegistry`` and ``call_tool(name, arguments) -> 
 Every wait is bounded:
 - start (spawn + ``initialize``) within ``spec.start_timeout`` seconds, every request (``tools/list``
   pages, ``tools/call``) within ``spec.call_timeout`` (or the call's ``timeout``); running out raises
-  :class:`McpTimeoutError`;
+  :class:`ServerError`;
 - a command that does not exist, a server that exits or closes its stdout (before or during a
-  request), or a protocol error raises :class:`McpServerError` naming the server, the request and
+  request), or a protocol error raises :class:`ServerError` naming the server, the request and
   the tail of the server's stderr, at the latest when the timeout runs out; never a hang;
 - ``close()`` (also the context managers' exit) follows the SDK's shutdown: close stdin, wait 2 s,
   SIGTERM the process group, SIGKILL after 2 s, and reap it; no zombie processes are left.
 A tool that fails is not an exception: its result has ``is_error=True`` (MCP's own rule, so a model
-can read the error and retry). After the server has died every call raises :class:`McpServerError`.
+can read the error and retry). After the server has died every call raises :class:`ServerError`.
 
-Tools are listed into a :class:`~nexus_mlx.agent.registry.ToolRegistry` under ``spec.namespace``
+Tools are listed into a :class:`~nexus_mlx.tools.registry.ToolRegistry` under ``spec.namespace``
 (if set); ``call_tool`` accepts the plain or the namespaced name. A listed tool that breaks the
-``Tool`` rules raises :class:`McpServerError` naming it. This module does not route, retry,
+``Tool`` rules raises :class:`ServerError` naming it. This module does not route, retry,
 restart servers, or validate arguments against the schema (the server does that).
 """
 
@@ -41,15 +41,9 @@ from typing import IO, Any
 
 import anyio
 
-from nexus_mlx.agent.registry import ToolRegistry
-from nexus_mlx.agent.tools import (
-    NAMESPACE_SEP,
-    Tool,
-    ToolSchemaError,
-    check_json_data,
-    check_namespace,
-)
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ServerError, ToolError
+from nexus_mlx.tools.registry import ToolRegistry
+from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool, check_json_data, check_namespace
 
 try:
     from mcp import ClientSession, StdioServerParameters, stdio_client, types
@@ -64,14 +58,6 @@ _STDERR_TAIL = 400
 _MAX_PAGES = 1000
 
 
-class McpServerError(NexusError, RuntimeError):
-    """An MCP server failed to start, died, broke the protocol or refused a request."""
-
-
-class McpTimeoutError(McpServerError, TimeoutError):
-    """An MCP server did not start or answer within its timeout."""
-
-
 def _check_timeout(name: str, value: Any) -> float:
     if (
         isinstance(value, bool)
@@ -79,7 +65,7 @@ def _check_timeout(name: str, value: Any) -> float:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise McpServerError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise ServerError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
 
 
@@ -89,9 +75,9 @@ def _env_pairs(env: Any) -> tuple[tuple[str, str], ...]:
     try:
         pairs = [(k, v) for k, v in items]
     except (TypeError, ValueError):
-        raise McpServerError(f"server env must map names to values, got {env!r}") from None
+        raise ServerError(f"server env must map names to values, got {env!r}") from None
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
-        raise McpServerError(f"server env names and values must be strings, got {env!r}")
+        raise ServerError(f"server env names and values must be strings, got {env!r}")
     return tuple(sorted(pairs))
 
 
@@ -110,9 +96,9 @@ class ServerSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command:
-            raise McpServerError(f"server command must be a non-empty string, got {self.command!r}")
+            raise ServerError(f"server command must be a non-empty string, got {self.command!r}")
         if isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args):
-            raise McpServerError(f"server args must be a sequence of strings, got {self.args!r}")
+            raise ServerError(f"server args must be a sequence of strings, got {self.args!r}")
         pairs = _env_pairs(self.env)
         if self.namespace is not None:
             check_namespace(self.namespace)
@@ -207,26 +193,26 @@ class AsyncMcpServer:
         tail = " ".join(raw.decode("utf-8", errors="replace").split())[-_STDERR_TAIL:]
         return f"; stderr: ...{tail}" if tail else ""
 
-    def _error(self, exc: BaseException, during: str, timeout: float) -> McpServerError:
+    def _error(self, exc: BaseException, during: str, timeout: float) -> ServerError:
         """Translate an SDK/OS failure into our error, naming server, request and stderr."""
         leaf = _leaf(exc)
         where = f"MCP server {self.spec.label!r} ({self.spec.command})"
-        if isinstance(leaf, McpServerError):
+        if isinstance(leaf, ServerError):
             return leaf
         if isinstance(leaf, TimeoutError) or (
             isinstance(leaf, MCPError) and leaf.code == types.REQUEST_TIMEOUT
         ):
-            return McpTimeoutError(f"{where} did not answer {during} within {timeout:g} s")
+            return ServerError(f"{where} did not answer {during} within {timeout:g} s")
         if isinstance(leaf, FileNotFoundError):
-            return McpServerError(f"cannot start {where}: command {self.spec.command!r} not found")
+            return ServerError(f"cannot start {where}: command {self.spec.command!r} not found")
         if isinstance(leaf, MCPError) and leaf.code == types.CONNECTION_CLOSED:
-            return McpServerError(
+            return ServerError(
                 f"{where} closed the connection during {during}{self._stderr_tail()}"
             )
         if isinstance(leaf, MCPError):
-            return McpServerError(f"{where} refused {during}: {leaf.message} (code {leaf.code})")
+            return ServerError(f"{where} refused {during}: {leaf.message} (code {leaf.code})")
         detail = f"{type(leaf).__name__}: {leaf}"
-        return McpServerError(f"{where} failed during {during}: {detail}{self._stderr_tail()}")
+        return ServerError(f"{where} failed during {during}: {detail}{self._stderr_tail()}")
 
     async def __aenter__(self) -> AsyncMcpServer:
         params = StdioServerParameters(
@@ -274,7 +260,7 @@ class AsyncMcpServer:
 
     def _live_session(self) -> ClientSession:
         if self._session is None:
-            raise McpServerError(f"MCP server {self.spec.label!r} is not running")
+            raise ServerError(f"MCP server {self.spec.label!r} is not running")
         return self._session
 
     async def list_tools(self) -> ToolRegistry:
@@ -293,8 +279,8 @@ class AsyncMcpServer:
                 break
         try:
             return ToolRegistry(_tool_from_mcp(t, self.spec.namespace) for t in listed)
-        except (ToolSchemaError, ValueError) as exc:
-            raise McpServerError(
+        except (ToolError, ValueError) as exc:
+            raise ServerError(
                 f"MCP server {self.spec.label!r} listed an invalid tool: {exc}"
             ) from exc
 
@@ -310,7 +296,7 @@ class AsyncMcpServer:
         session = self._live_session()
         limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
         if not isinstance(name, str) or not name:
-            raise McpServerError(f"tool name must be a non-empty string, got {name!r}")
+            raise ServerError(f"tool name must be a non-empty string, got {name!r}")
         args = dict(arguments or {})
         check_json_data(args, f"arguments of tool {name!r}")
         plain = self.plain_name(name)
@@ -335,7 +321,7 @@ class McpServer:
 
     def __init__(self, spec: ServerSpec) -> None:
         if not isinstance(spec, ServerSpec):
-            raise McpServerError(f"McpServer needs a ServerSpec, got {type(spec).__name__}")
+            raise ServerError(f"McpServer needs a ServerSpec, got {type(spec).__name__}")
         self.spec = spec
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -360,7 +346,7 @@ class McpServer:
         """Start the server and initialize the session; raises if it cannot within the timeout."""
         with self._lock:
             if self._loop is not None:
-                raise McpServerError(f"MCP server {self.spec.label!r} is already started")
+                raise ServerError(f"MCP server {self.spec.label!r} is already started")
             loop = asyncio.new_event_loop()
             thread = threading.Thread(
                 target=loop.run_forever, name=f"mcp-{self.spec.label}", daemon=True
@@ -374,9 +360,9 @@ class McpServer:
         except BaseException as exc:
             self.close()
             if isinstance(exc, concurrent.futures.TimeoutError) and not isinstance(
-                exc, McpServerError
+                exc, ServerError
             ):
-                raise McpTimeoutError(
+                raise ServerError(
                     f"MCP server {self.spec.label!r} did not start within {self.spec.start_timeout:g} s"
                 ) from None
             raise
@@ -393,7 +379,7 @@ class McpServer:
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(
-                    exc if isinstance(exc, Exception) else McpServerError(repr(exc))
+                    exc if isinstance(exc, Exception) else ServerError(repr(exc))
                 )
             raise
         finally:
@@ -402,7 +388,7 @@ class McpServer:
     def _running(self) -> tuple[asyncio.AbstractEventLoop, AsyncMcpServer]:
         loop, owner, server = self._loop, self._owner, self._server
         if loop is None or owner is None or server is None or owner.done():
-            raise McpServerError(
+            raise ServerError(
                 f"MCP server {self.spec.label!r} is not running (never started, closed or died)"
             )
         return loop, server
@@ -412,15 +398,15 @@ class McpServer:
         future = asyncio.run_coroutine_threadsafe(coroutine, loop)
         try:
             return future.result(timeout=timeout + _GRACE_S)
-        except McpServerError:
+        except ServerError:
             raise
         except concurrent.futures.TimeoutError:  # (the builtin TimeoutError since Python 3.11)
             future.cancel()
-            raise McpTimeoutError(
+            raise ServerError(
                 f"MCP server {self.spec.label!r}: {during} hung past {timeout:g} s"
             ) from None
         except concurrent.futures.CancelledError:
-            raise McpServerError(
+            raise ServerError(
                 f"MCP server {self.spec.label!r} was closed during {during}"
             ) from None
 

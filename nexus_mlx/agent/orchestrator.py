@@ -24,15 +24,11 @@ from typing import Any
 import mlx.nn as nn
 
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
-from nexus_mlx.agent.registry import ToolRegistry
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
 from nexus_mlx.decode.tool_call import ToolCallResult, generate_tool_call, tool_call_prompt
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ToolError
 from nexus_mlx.routing.router import RouteDecision, Router
-
-
-class AgentError(NexusError, RuntimeError):
-    """A call for a tool no running server owns, or an unusable conversation."""
+from nexus_mlx.tools.registry import ToolRegistry
 
 
 @dataclass
@@ -85,13 +81,13 @@ class Agent:
         namespace = name.split(".", 1)[0] if "." in name else ""
         server = self.servers.get(namespace)
         if server is None:
-            raise AgentError(f"no running MCP server owns tool {name!r}; servers: {sorted(self.servers)}")
+            raise ToolError(f"no running MCP server owns tool {name!r}; servers: {sorted(self.servers)}")
         return server
 
     def execute(self, turn: AgentTurn, timeout: float | None = None) -> McpCallResult:
         """Run the turn's call on its server (serialised with turns by the same lock)."""
         with self.lock:
             if not turn.call.valid:
-                raise AgentError(f"refusing to execute an invalid call: {list(turn.call.errors)}")
+                raise ToolError(f"refusing to execute an invalid call: {list(turn.call.errors)}")
             return self.server_for(turn.call.name).call_tool(turn.call.name, turn.call.arguments,
                                                              timeout=timeout)

@@ -18,13 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError
 
 Message = Mapping[str, Any]
-
-
-class SidecarError(NexusError, ValueError):
-    """Messages that cannot form a tool-call request (empty, or not ending with the user)."""
 
 
 def surrogate(message: Message, payload_chars: int) -> str:
@@ -61,10 +57,10 @@ def sidecar_messages(
 ) -> list[dict[str, str]]:
     """The pruned sliding window described in the module docstring."""
     if window < 1 or payload_chars < 16:
-        raise SidecarError(f"need window >= 1 and payload_chars >= 16, got {window}, {payload_chars}")
+        raise ArgumentError(f"need window >= 1 and payload_chars >= 16, got {window}, {payload_chars}")
     turns = [m for m in messages if m.get("role") != "system"]
     if not turns or turns[-1].get("role") != "user":
-        raise SidecarError("the last message must be the user's request")
+        raise ArgumentError("the last message must be the user's request")
     recent, older = turns[-window:], turns[:-window]
     out = [_plain(m, payload_chars) for m in recent]
     digest = _call_digest(older)

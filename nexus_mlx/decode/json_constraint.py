@@ -19,7 +19,7 @@ whitespace), which also bounds what a sampler can wander into. Compilation modes
    (``jsonschema``), and callers must look at its result.
 3. ``any_object``: even that failed (too large, unresolvable ``$ref``): any JSON object, checked
    afterwards the same way. :attr:`CompiledSchema.notes` says why each fallback happened.
-A schema that is not valid JSON Schema (per its meta-schema) raises :class:`SchemaConstraintError`.
+A schema that is not valid JSON Schema (per its meta-schema) raises :class:`ToolError`.
 
 Placeholder guard: small models copy type names and template markers from the prompt into values
 (``{"owner": "string"}``, ``"<value>"``). :class:`PlaceholderPolicy` defines them (the empty string;
@@ -52,12 +52,7 @@ import llguidance.numpy
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.decode.json_scan import (
-    JsonScanner,
-    decode_json_string,
-    ids_with_prefix,
-    quote_ids,
-)
+from nexus_mlx.decode.json_scan import JsonScanner, decode_json_string, ids_with_prefix, quote_ids
 from nexus_mlx.decode.name_fsm import (
     TokenVocab,
     backend_tokenizer,
@@ -65,10 +60,8 @@ from nexus_mlx.decode.name_fsm import (
     mask_logits,
     vocab_of,
 )
-from nexus_mlx.decode.placeholders import (
-    PlaceholderPolicy,
-)
-from nexus_mlx.errors import NexusError
+from nexus_mlx.decode.placeholders import PlaceholderPolicy
+from nexus_mlx.errors import ToolError
 
 Mode = Literal["strict", "lenient", "any_object"]
 JSON_STYLE: dict[str, Any] = {
@@ -77,10 +70,6 @@ JSON_STYLE: dict[str, Any] = {
 _COMBINERS = ("allOf", "anyOf", "oneOf", "$ref", "not", "if", "then", "else")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-
-
-class SchemaConstraintError(NexusError, ValueError):
-    """The schema is not valid JSON Schema (the message names the offending part)."""
 
 
 # ----------------------------------------------------------------------------- compile
@@ -176,7 +165,7 @@ def _compile_cached(
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "<root>"
-        raise SchemaConstraintError(f"invalid JSON Schema at {where}: {exc.message}") from None
+        raise ToolError(f"invalid JSON Schema at {where}: {exc.message}") from None
     target = prepare_schema(schema, closed=closed, required_first=required_first)
     notes: list[str] = []
     grammar = _lark(target, JSON_STYLE, leading_space, after)
@@ -209,11 +198,11 @@ def compile_schema(
     after it (``"}"`` to close an enclosing object). ``closed`` and ``required_first`` go to
     :func:`prepare_schema`."""
     if not isinstance(schema, (Mapping, bool)):
-        raise SchemaConstraintError(f"a schema must be an object or a boolean, got {schema!r:.60}")
+        raise ToolError(f"a schema must be an object or a boolean, got {schema!r:.60}")
     try:
         text = json.dumps(schema, sort_keys=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise SchemaConstraintError(f"schema is not JSON data: {exc}") from None
+        raise ToolError(f"schema is not JSON data: {exc}") from None
     return _compile_cached(text, bool(closed), bool(required_first), bool(leading_space),
                            str(after))
 
@@ -267,14 +256,14 @@ class JsonConstraint:
         self.vocab = vocab_of(tokenizer)
         self.ll_tokenizer = ll_tok if ll_tok is not None else ll_tokenizer(tokenizer)
         if self.ll_tokenizer.vocab_size != self.vocab.size:
-            raise SchemaConstraintError(
+            raise ToolError(
                 f"llguidance sees {self.ll_tokenizer.vocab_size} tokens, the tokenizer "
                 f"{self.vocab.size}: they must be built from the same vocabulary")
         self.guard = guard_placeholders
         self.policy = PlaceholderPolicy(compiled.schema, names)
         self._matcher = llguidance.LLMatcher(self.ll_tokenizer, compiled.grammar, log_level=0)
         if self._matcher.is_error():
-            raise SchemaConstraintError(f"llguidance: {self._matcher.get_error()}")
+            raise ToolError(f"llguidance: {self._matcher.get_error()}")
         self._bits = np.zeros((1, (self.vocab.size + 31) // 32), dtype=np.int32)
         self.reset()
 

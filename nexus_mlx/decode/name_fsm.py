@@ -36,17 +36,9 @@ from typing import Any, cast
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.errors import NexusError, TokenError
+from nexus_mlx.errors import TokenError, ToolError
 
 SPM_SPACE = "\u2581"
-
-
-class NameFSMError(NexusError, ValueError):
-    """The name list is empty, has duplicates, or one target is a prefix of another."""
-
-
-class VocabError(TokenError):
-    """A tokenizer whose token bytes cannot be read (no ``tokenizers`` backend, unknown decoder)."""
 
 
 @lru_cache(maxsize=1)
@@ -67,7 +59,7 @@ def backend_tokenizer(tokenizer: Any) -> Any:
     inner = getattr(tokenizer, "_tokenizer", tokenizer)
     backend = getattr(inner, "backend_tokenizer", inner)
     if not (hasattr(backend, "id_to_token") and hasattr(backend, "to_str")):
-        raise VocabError(f"{type(tokenizer).__name__} has no `tokenizers` backend to read")
+        raise TokenError(f"{type(tokenizer).__name__} has no `tokenizers` backend to read")
     return backend
 
 
@@ -131,7 +123,7 @@ class TokenVocab:
         kinds = _decoder_kinds(spec.get("decoder"))
         byte_level = "ByteLevel" in kinds
         if not byte_level and not {"Metaspace", "Replace", "ByteFallback"} & set(kinds):
-            raise VocabError(f"cannot read token bytes through decoder {kinds or None}")
+            raise TokenError(f"cannot read token bytes through decoder {kinds or None}")
         size = backend.get_vocab_size(with_added_tokens=True)
         special = frozenset(int(t["id"]) for t in spec.get("added_tokens", []) if t.get("special"))
         pieces = [backend.id_to_token(i) for i in range(size)]
@@ -279,19 +271,19 @@ class NameFSM:
     def __init__(self, names: Iterable[str], tokenizer: Any, *, terminator: str = '"') -> None:
         self.names: tuple[str, ...] = tuple(names)
         if not self.names:
-            raise NameFSMError("NameFSM needs at least one name")
+            raise ToolError("NameFSM needs at least one name")
         if not isinstance(terminator, str) or not terminator:
-            raise NameFSMError(f"terminator must be a non-empty string, got {terminator!r}")
+            raise ToolError(f"terminator must be a non-empty string, got {terminator!r}")
         dupes = sorted({n for n in self.names if self.names.count(n) > 1})
         if dupes:
-            raise NameFSMError(f"duplicate names: {dupes}")
+            raise ToolError(f"duplicate names: {dupes}")
         self.terminator = terminator
         self.vocab = vocab_of(tokenizer)
         targets = [(n + terminator).encode("utf-8") for n in self.names]
         ordered = sorted(range(len(targets)), key=lambda i: targets[i])
         for a, b in zip(ordered, ordered[1:], strict=False):
             if targets[b].startswith(targets[a]):
-                raise NameFSMError(f"{targets[a]!r} is a prefix of {targets[b]!r}: completion "
+                raise ToolError(f"{targets[a]!r} is a prefix of {targets[b]!r}: completion "
                                    "would be ambiguous; use a terminator the names do not contain")
         self._root = _Node()
         for index, target in enumerate(targets):

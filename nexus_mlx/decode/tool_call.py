@@ -48,15 +48,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.agent.tools import Tool
 from nexus_mlx.decode.generate import Sampler, greedy
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.routing.ir import IROptions, tool_signature
+from nexus_mlx.tools.ir import IROptions, tool_signature
+from nexus_mlx.tools.tool import Tool
 
 CALL_PREFIX = '{"name": "'
 """The assistant turn opens with this (part of the prompt)."""
@@ -72,10 +72,6 @@ SYSTEM_PROMPT = (
 """System message; ``{signatures}`` gets one IR signature per line."""
 DEFAULT_IR = IROptions()
 """Signatures without descriptions (routing has already used them; shorter prompts)."""
-
-
-class ToolCallError(NexusError, ValueError):
-    """No candidate tools, duplicate names, or a prompt that does not end with the call prefix."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +135,7 @@ def tool_call_prompt(
     ``request`` is the user's text, or chat messages (without a system message: ours is put
     first) whose last one is the user's."""
     if not tools:
-        raise ToolCallError("a tool-call prompt needs at least one tool")
+        raise ArgumentError("a tool-call prompt needs at least one tool")
     signatures = "\n".join(tool_signature(t, ir_options) for t in tools)
     messages: list[dict[str, str]] = [
         {"role": "system", "content": SYSTEM_PROMPT.format(signatures=signatures)}
@@ -188,7 +184,7 @@ class _Stream:
 def _check_prompt(tokenizer: Any, prompt_tokens: Sequence[int]) -> None:
     tail = tokenizer.decode(list(prompt_tokens[-8:]))
     if not str(tail).endswith(CALL_PREFIX):
-        raise ToolCallError(f"the prompt must end with {CALL_PREFIX!r} (tool_call_prompt builds "
+        raise ArgumentError(f"the prompt must end with {CALL_PREFIX!r} (tool_call_prompt builds "
                             f"one); it ends with {str(tail)[-24:]!r}")
 
 
@@ -206,12 +202,12 @@ def generate_tool_call(
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring)."""
     if not tools:
-        raise ToolCallError("generate_tool_call needs at least one candidate tool")
+        raise ArgumentError("generate_tool_call needs at least one candidate tool")
     by_name = {t.qualified_name: t for t in tools}
     if len(by_name) != len(tools):
-        raise ToolCallError(f"duplicate tool names among {[t.qualified_name for t in tools]}")
+        raise ArgumentError(f"duplicate tool names among {[t.qualified_name for t in tools]}")
     if max_argument_tokens < 0 or closing_budget < 0:
-        raise ToolCallError(f"token budgets must be >= 0, got {max_argument_tokens}, "
+        raise ArgumentError(f"token budgets must be >= 0, got {max_argument_tokens}, "
                             f"{closing_budget}")
     _check_prompt(tokenizer, prompt_tokens)
     sampler = sampler or greedy

@@ -12,13 +12,13 @@ them, so that ``nexus_mlx.kernels.splice_v_transposed`` stays the module):
   ("transposed") V cache, or decline with :class:`SpliceDeclined`.
 - :mod:`~nexus_mlx.kernels.reanchor_write`: re-rotate a block's key rows by one RoPE delta and
   write them into the K cache.
-- :mod:`~nexus_mlx.kernels.metal_emulation`: compile a Metal kernel body with g++ against
+- :mod:`~metal_emulation`: compile a Metal kernel body with g++ against
   ``metal_kernels/metal_shim.h`` and run it on the CPU. It emulates the kernel's logic on the
   CPU; it is not Metal, and it is for tests, never imported by the library itself.
 
 This package also holds what the kernel modules share: where the ``.metal`` sources live,
 which back-end runs ops issued now, the row-contiguity check, and the two splice signals
-(:class:`SpliceLayoutError` raised for caller errors, :class:`SpliceDeclined` returned for an
+(:class:`CacheError` raised for caller errors, :class:`SpliceDeclined` returned for an
 expected refusal). It knows nothing about models, positions or the cache object.
 """
 
@@ -36,10 +36,6 @@ import numpy as np
 from nexus_mlx.errors import CacheError
 
 BACKENDS = ("metal", "cuda", "cpu")
-
-
-class SpliceLayoutError(CacheError):
-    """A live cache or block does not have the shape, dtype or memory layout a splice needs."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +150,7 @@ def element_strides(a: mx.array) -> tuple[int, ...]:
 
 
 def check_row_contiguous(a: mx.array, what: str) -> None:
-    """Raise :class:`SpliceLayoutError` unless ``a`` is stored row-contiguously.
+    """Raise :class:`CacheError` unless ``a`` is stored row-contiguously.
 
     Axes of length 1 may have any stride. A transposed or broadcast view of another buffer
     fails: writing through it would not update the buffer the caller thinks it is updating,
@@ -166,7 +162,7 @@ def check_row_contiguous(a: mx.array, what: str) -> None:
     want = row_contiguous_strides(a.shape)
     bad = [i for i, n in enumerate(a.shape) if n > 1 and got[i] != want[i]]
     if bad:
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{what} of shape {tuple(a.shape)} has element strides {got}, but the splice needs "
             f"a row-contiguous buffer with strides {want} (axes {bad} differ); pass the cache's "
             f"own storage, not a transposed, sliced or broadcast view"
@@ -191,7 +187,7 @@ def check_span(at: int, n: int, capacity: int, what: str) -> int:
 
 def check_float(a: mx.array, what: str) -> None:
     if not mx.issubdtype(a.dtype, mx.floating):
-        raise SpliceLayoutError(f"{what} has dtype {a.dtype}; a floating dtype is required")
+        raise CacheError(f"{what} has dtype {a.dtype}; a floating dtype is required")
 
 
 def threadgroup_for(grid: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -202,7 +198,7 @@ def threadgroup_for(grid: tuple[int, int, int]) -> tuple[int, int, int]:
 __all__ = [
     "BACKENDS",
     "SpliceDeclined",
-    "SpliceLayoutError",
+    "CacheError",
     "active_backend",
     "check_float",
     "check_row_contiguous",

@@ -5,7 +5,7 @@ Contract (every path computes exactly this; the tests hold them to it):
 - ``quantize_rows(x (M, D) float32) -> (codes (M, D) int8, scales (M,) float32)``: symmetric
   per-vector quantization, ``scale = max|x| / 127`` in float32 and ``code = clip(rint(x /
   scale), -127, 127)`` (ties to even; -128 never occurs). An all-zero row gets scale 0 and zero
-  codes. Non-finite values raise :class:`ScanInputError`.
+  codes. Non-finite values raise :class:`ArgumentError`.
 - ``dot[i] = sum_j int32(codes[i, j]) * int32(query[j])``, exact in int32 (``|dot| <= 16129 D``).
 - ``key[i] = float32(dot[i]) * scales[i]`` (one float32 rounding); top-k = the k largest keys,
   best first, **equal keys rank the lower row index first**; ``k > N`` returns N rows.
@@ -33,6 +33,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kernels import active_backend, build_cuda_kernel, build_metal_kernel
 from nexus_mlx.kernels.int8_scan_native import (
     ALIGN,
@@ -41,7 +42,6 @@ from nexus_mlx.kernels.int8_scan_native import (
     BoundScan,
     NativeInt8Scan,
     NativeStatus,
-    ScanInputError,
     check_float_query,
     check_k,
     compile_native,
@@ -79,10 +79,10 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     float32)`` with ``x ~ codes * scales[:, None]``."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
-        raise ScanInputError(f"expected a (M, D) array of vectors, got shape {x.shape}")
+        raise ArgumentError(f"expected a (M, D) array of vectors, got shape {x.shape}")
     if not np.isfinite(x).all():
         bad = np.argwhere(~np.isfinite(x))[0]
-        raise ScanInputError(
+        raise ArgumentError(
             f"vector {int(bad[0])} holds a non-finite value at feature {int(bad[1])}"
         )
     if x.shape[0] == 0:
@@ -191,9 +191,9 @@ def int8_scores(codes: mx.array, query: mx.array, *, use_kernel: bool = True) ->
     """int32 scores ``(N,)`` of ``codes (N, W) int8`` against ``query (W,) int8``: by the
     back-end's kernel when there is one (and ``use_kernel``), else by the MLX reference."""
     if codes.ndim != 2 or codes.dtype != mx.int8:
-        raise ScanInputError(f"codes must be (N, W) int8, got {codes.dtype} {tuple(codes.shape)}")
+        raise ArgumentError(f"codes must be (N, W) int8, got {codes.dtype} {tuple(codes.shape)}")
     if query.dtype != mx.int8 or tuple(query.shape) != (codes.shape[1],):
-        raise ScanInputError(
+        raise ArgumentError(
             f"query must be ({codes.shape[1]},) int8, got {query.dtype} {tuple(query.shape)}"
         )
     kernel = _active_kernel() if use_kernel else None
@@ -230,7 +230,7 @@ __all__ = [
     "BoundScan",
     "NativeInt8Scan",
     "NativeStatus",
-    "ScanInputError",
+    "ArgumentError",
     "compile_native",
     "cuda_kernel",
     "int8_scores",

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from nexus_mlx import _cbuild
-from nexus_mlx.errors import NexusError
+from nexus_mlx._platform import cbuild as _cbuild
+from nexus_mlx.errors import ArgumentError
 
 ISAS = ("scalar", "avx2", "avx512vnni", "neon", "neondot")
 ALIGN = 64
@@ -33,13 +33,9 @@ ABI_VERSION = 2
 ENV_VAR = "NEXUS_MLX_INT8_SCAN"
 LIBRARY_NAME = "_int8_scan.so"
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../nexus_mlx
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent / "_platform"  # csrc/ and the built library
 SOURCE = _PACKAGE_DIR / "csrc" / "int8_scan.c"
 COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-ffp-contract=off")
-
-
-class ScanInputError(NexusError, ValueError):
-    """Arrays handed to the scan have the wrong shape, dtype, range or layout, or hold NaN/inf."""
 
 
 def padded_width(dim: int) -> int:
@@ -98,12 +94,12 @@ class NativeInt8Scan:
         lib.nexus_i8_abi_version.restype = ctypes.c_int
         self.abi_version = int(lib.nexus_i8_abi_version())
         if self.abi_version != ABI_VERSION:
-            raise ScanInputError(
+            raise ArgumentError(
                 f"{path} has ABI version {self.abi_version}, this module needs {ABI_VERSION}"
             )
         lib.nexus_i8_plan_size.restype = _I64
         if int(lib.nexus_i8_plan_size()) != ctypes.sizeof(_Plan):
-            raise ScanInputError(f"{path}: the plan struct's size differs from this module's")
+            raise ArgumentError(f"{path}: the plan struct's size differs from this module's")
         lib.nexus_i8_source_id.restype = ctypes.c_char_p
         lib.nexus_i8_best_isa.restype = ctypes.c_int
         lib.nexus_i8_isa_available.argtypes = [ctypes.c_int]
@@ -132,9 +128,9 @@ class NativeInt8Scan:
         if known is not None:
             return known
         if isa not in ISAS:
-            raise ScanInputError(f"unknown ISA {isa!r}; choose one of {ISAS}")
+            raise ArgumentError(f"unknown ISA {isa!r}; choose one of {ISAS}")
         if isa not in self.isas:
-            raise ScanInputError(f"ISA {isa!r} is not available on this CPU (have {self.isas})")
+            raise ArgumentError(f"ISA {isa!r} is not available on this CPU (have {self.isas})")
         return ISAS.index(isa)
 
     def quantize(
@@ -144,7 +140,7 @@ class NativeInt8Scan:
         int8 zero-padded, scale)``."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 1 or x.size == 0:
-            raise ScanInputError(f"expected a non-empty (D,) vector, got shape {x.shape}")
+            raise ArgumentError(f"expected a non-empty (D,) vector, got shape {x.shape}")
         width = x.size if width is None else int(width)
         out = np.empty((width,), np.int8)
         scale = np.zeros((1,), np.float32)
@@ -194,7 +190,7 @@ class NativeInt8Scan:
         n, width = _check_padded(codes, sums)
         scales = _check_scales(scales, n)
         if not 0 < int(dim) <= width:
-            raise ScanInputError(f"dim {dim} must be in [1, row width {width}]")
+            raise ArgumentError(f"dim {dim} must be in [1, row width {width}]")
         return BoundScan(self, codes, sums, scales, int(dim))
 
 
@@ -269,23 +265,23 @@ def _check_rc(rc: int, what: str) -> None:
     if rc >= 0:
         return
     if rc == -2:
-        raise ScanInputError(f"{what}: the query holds a non-finite value (NaN or inf)")
+        raise ArgumentError(f"{what}: the query holds a non-finite value (NaN or inf)")
     reasons = {-1: "bad argument", -3: "ISA not available", -4: "out of memory"}
-    raise ScanInputError(f"native {what} failed with code {rc} ({reasons.get(rc, 'unknown')})")
+    raise ArgumentError(f"native {what} failed with code {rc} ({reasons.get(rc, 'unknown')})")
 
 
 def check_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or int(k) <= 0:
-        raise ScanInputError(f"k must be a positive integer, got {k!r}")
+        raise ArgumentError(f"k must be a positive integer, got {k!r}")
     return int(k)
 
 
 def _check_padded(codes: np.ndarray, sums: np.ndarray) -> tuple[int, int]:
     if not isinstance(codes, np.ndarray) or codes.dtype != np.int8 or codes.ndim != 2:
-        raise ScanInputError(f"codes must be a (N, W) int8 numpy array, got {_describe(codes)}")
+        raise ArgumentError(f"codes must be a (N, W) int8 numpy array, got {_describe(codes)}")
     n, width = codes.shape
     if width == 0 or width % ALIGN or width > MAX_DIM or not codes.flags.c_contiguous:
-        raise ScanInputError(
+        raise ArgumentError(
             f"codes of shape {codes.shape} must be C-contiguous with a row width that is a "
             f"positive multiple of {ALIGN} up to {MAX_DIM} (pad rows with zeros; padded_width)"
         )
@@ -295,7 +291,7 @@ def _check_padded(codes: np.ndarray, sums: np.ndarray) -> tuple[int, int]:
         or sums.shape != (n,)
         or not sums.flags.c_contiguous
     ):
-        raise ScanInputError(f"sums must be a contiguous ({n},) int32 array, got {_describe(sums)}")
+        raise ArgumentError(f"sums must be a contiguous ({n},) int32 array, got {_describe(sums)}")
     return int(n), int(width)
 
 
@@ -306,7 +302,7 @@ def _check_scales(scales: np.ndarray, n: int) -> np.ndarray:
         or scales.shape != (n,)
         or not scales.flags.c_contiguous
     ):
-        raise ScanInputError(
+        raise ArgumentError(
             f"scales must be a contiguous ({n},) float32 array, got {_describe(scales)}"
         )
     return scales
@@ -315,9 +311,9 @@ def _check_scales(scales: np.ndarray, n: int) -> np.ndarray:
 def _check_query_codes(query: np.ndarray, width: int) -> np.ndarray:
     query = np.asarray(query)
     if query.dtype != np.int8 or query.shape != (width,):
-        raise ScanInputError(f"query must be a ({width},) int8 array, got {_describe(query)}")
+        raise ArgumentError(f"query must be a ({width},) int8 array, got {_describe(query)}")
     if (query == -128).any():
-        raise ScanInputError("query codes must lie in [-127, 127]; -128 found")
+        raise ArgumentError("query codes must lie in [-127, 127]; -128 found")
     return np.ascontiguousarray(query)
 
 
@@ -329,11 +325,11 @@ def check_float_query(query: Any, dim: int) -> np.ndarray:
             raise TypeError(f"dtype {raw.dtype} is not real-valued")
         q = np.ascontiguousarray(raw, dtype=np.float32)
     except (TypeError, ValueError) as exc:
-        raise ScanInputError(f"query must be a ({dim},) float vector: {exc}") from exc
+        raise ArgumentError(f"query must be a ({dim},) float vector: {exc}") from exc
     if q.ndim == 2 and q.shape[0] == 1:
         q = q[0]
     if q.shape != (dim,):
-        raise ScanInputError(f"query has shape {q.shape}, but the buffer holds ({dim},) vectors")
+        raise ArgumentError(f"query has shape {q.shape}, but the buffer holds ({dim},) vectors")
     return q
 
 
@@ -371,7 +367,7 @@ def compile_native(folder: Path | None = None, compiler: str | None = None) -> P
 
 
 def load_native(path: str | Path) -> NativeInt8Scan:
-    """Load the library at ``path`` (raises ``OSError`` / :class:`ScanInputError` if unusable)."""
+    """Load the library at ``path`` (raises ``OSError`` / :class:`ArgumentError` if unusable)."""
     lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
     return NativeInt8Scan(lib, str(path))
 
@@ -383,7 +379,7 @@ def _find_native() -> tuple[NativeInt8Scan, str]:
     if packaged.is_file():
         try:
             native = load_native(packaged)
-        except (OSError, ScanInputError) as exc:
+        except (OSError, ArgumentError) as exc:
             stale = f"the packaged {packaged.name} is unusable ({exc}); "
         else:
             if digest is None or native.source_id == digest:
@@ -391,11 +387,11 @@ def _find_native() -> tuple[NativeInt8Scan, str]:
             stale = f"the packaged {packaged.name} was built from another source; "
             try:
                 return load_native(compile_native()), stale + "rebuilt into the cache"
-            except (_Unavailable, OSError, ScanInputError) as exc:
+            except (_Unavailable, OSError, ArgumentError) as exc:
                 return native, stale + f"kept it, since rebuilding failed ({exc})"
     try:
         return load_native(compile_native()), stale + "compiled into the cache"
-    except (OSError, ScanInputError) as exc:
+    except (OSError, ArgumentError) as exc:
         raise _Unavailable(f"{stale}loading the compiled library failed: {exc}") from exc
 
 

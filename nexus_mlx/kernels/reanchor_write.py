@@ -16,7 +16,7 @@ Contract:
   block rounds after every operation instead, up to a few float16 ulps away).
 - Shapes, dtypes, ``spec.head_dim``, the span and (``check_layout=True``) the cache's strides
   are validated before anything is computed; caller errors raise
-  :class:`~nexus_mlx.kernels.SpliceLayoutError` or ``CacheError`` naming the values.
+  :class:`~nexus_mlx.kernels.CacheError` or ``CacheError`` naming the values.
 
 Design: the kernel emits the re-rotated rows ``(H, S, D)`` and one MLX ``slice_update`` places
 them, because ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel`` cannot write into an existing
@@ -27,7 +27,7 @@ holds no other reference to the old array at evaluation time. Unlike the transpo
 row writes are contiguous, so no back-end declines.
 
 The Metal body lives in ``metal_kernels/reanchor_write.metal`` and is also compiled with g++
-against ``metal_shim.h`` by the tests (:mod:`nexus_mlx.kernels.metal_emulation`), which checks
+against ``metal_shim.h`` by the tests (:mod:`metal_emulation`), which checks
 its logic on a CPU, not on Metal. The CUDA twin uses round-to-nearest intrinsics
 (``__fmul_rn``...) so that the compiler cannot contract ``a * c - b * s`` into an fma. The Metal
 body keeps each product in its own statement, which stops contraction within an expression but
@@ -49,7 +49,6 @@ import numpy as np
 
 from nexus_mlx.errors import CacheError
 from nexus_mlx.kernels import (
-    SpliceLayoutError,
     active_backend,
     build_cuda_kernel,
     build_metal_kernel,
@@ -255,19 +254,19 @@ def _validate(
 ) -> tuple[int, int]:
     shapes = f"cache_k {tuple(cache_k.shape)} and block_k {tuple(block_k.shape)}"
     if cache_k.ndim not in (3, 4) or block_k.ndim != cache_k.ndim:
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{shapes} must both be 3-D, (H, C, D) and (H, S, D), or both 4-D with batch 1"
         )
     if cache_k.ndim == 4 and (cache_k.shape[0] != 1 or block_k.shape[0] != 1):
-        raise SpliceLayoutError(f"{shapes}: only batch size 1 is supported")
+        raise CacheError(f"{shapes}: only batch size 1 is supported")
     h, c, d = cache_k.shape[-3:]
     hb, s, db = block_k.shape[-3:]
     if (hb, db) != (h, d):
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{shapes}: the block has H={hb}, D={db} but the cache has H={h}, D={d}"
         )
     if d != spec.head_dim:
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{shapes}: head width D={d} differs from the RoPE spec's head_dim={spec.head_dim}"
         )
     check_float(cache_k, "cache_k")

@@ -9,7 +9,7 @@ Contract:
   and every other entry unchanged. Nothing is mutated; the caller stores the result.
 - Everything is validated before anything is computed: ranks, head count and width, float
   dtypes, ``[at, at + S)`` inside ``[0, C)``, and (``check_layout=True``) the cache's strides.
-  Caller errors raise :class:`~nexus_mlx.kernels.SpliceLayoutError` or ``CacheError`` naming
+  Caller errors raise :class:`~nexus_mlx.kernels.CacheError` or ``CacheError`` naming
   the offending values.
 - Where the strided copy is unsafe or pathological, the dispatcher writes nothing and returns
   :class:`~nexus_mlx.kernels.SpliceDeclined` (an expected refusal is a value, house-style rule
@@ -32,7 +32,7 @@ We use (b). The price is a second, strided pass (the slice update writes ``H * D
 ``S`` contiguous elements), which is the copy the paper calls the transposed-V splice.
 
 The Metal body lives in ``metal_kernels/splice_v_transposed.metal`` and is also compiled with
-g++ against ``metal_shim.h`` by the tests (:mod:`nexus_mlx.kernels.metal_emulation`), which
+g++ against ``metal_shim.h`` by the tests (:mod:`metal_emulation`), which
 checks its logic on a CPU, not on Metal. The CUDA twin's logic goes through the same emulation
 with a small CUDA shim; it runs for real only on an NVIDIA GPU (``pytest -m gpu``).
 
@@ -46,9 +46,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from nexus_mlx.errors import CacheError
 from nexus_mlx.kernels import (
     SpliceDeclined,
-    SpliceLayoutError,
     active_backend,
     build_cuda_kernel,
     build_metal_kernel,
@@ -228,15 +228,15 @@ def splice_v_transposed(
 def _validate(cache_v: mx.array, block_v: mx.array, at: int) -> int:
     shapes = f"cache_v {tuple(cache_v.shape)} and block_v {tuple(block_v.shape)}"
     if cache_v.ndim not in (3, 4) or block_v.ndim != cache_v.ndim:
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{shapes} must both be 3-D, (H, D, C) and (H, S, D), or both 4-D with batch 1"
         )
     if cache_v.ndim == 4 and (cache_v.shape[0] != 1 or block_v.shape[0] != 1):
-        raise SpliceLayoutError(f"{shapes}: only batch size 1 is supported")
+        raise CacheError(f"{shapes}: only batch size 1 is supported")
     h, d, c = cache_v.shape[-3:]
     hb, s, db = block_v.shape[-3:]
     if (hb, db) != (h, d):
-        raise SpliceLayoutError(
+        raise CacheError(
             f"{shapes}: the block has H={hb}, D={db} but the transposed cache (H, D, C) has "
             f"H={h}, D={d}"
         )

@@ -29,7 +29,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.errors import CacheError, CacheOverflowError, PositionError
+from nexus_mlx.errors import CacheError, PositionError
 from nexus_mlx.kv.rope import RopeSpec, reanchor
 
 V_LAYOUTS = ("row", "transposed")
@@ -159,7 +159,7 @@ class NexusCache:
 
     def _check_rows_fit(self, n_rows: int) -> None:
         if self.max_tokens is not None and n_rows > self.max_tokens:
-            raise CacheOverflowError(
+            raise CacheError(
                 f"{n_rows} rows needed but the cache holds at most max_tokens={self.max_tokens}"
             )
 

@@ -3,7 +3,7 @@
 Contract:
 - :class:`RopeSpec` is a frozen description of one RoPE regime (rotated dims, base, linear scale,
   interleaving, scaling type and parameters). ``fingerprint()`` hashes it; ``validate(other)``
-  raises :class:`RopeMismatchError` naming every differing field.
+  raises :class:`ModelMismatchError` naming every differing field.
 - :func:`apply_rope` rotates ``x (B, H, T, D)`` so that token ``t`` sits at ``positions[t]``; the
   positions may be any integers (non-contiguous, unsorted, repeated).
 - :func:`reanchor` rotates already-rotated rows by the same ``delta``: for every spec,
@@ -32,7 +32,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.errors import PositionError, RopeMismatchError, UnsupportedRopeError
+from nexus_mlx.errors import ModelFormatError, ModelMismatchError, PositionError
 
 SUPPORTED_SCALING = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 _SCALING_ALIASES = {"mrope": "default", "deepseek_yarn": "yarn", "su": "longrope"}
@@ -61,11 +61,11 @@ class RopeSpec:
 
     def __post_init__(self) -> None:
         if self.dims <= 0 or self.dims % 2 or self.dims > self.head_dim:
-            raise UnsupportedRopeError(
+            raise ModelFormatError(
                 f"rotated dims {self.dims} must be even and in (0, head_dim={self.head_dim}]"
             )
         if self.scaling_type not in SUPPORTED_SCALING:
-            raise UnsupportedRopeError(
+            raise ModelFormatError(
                 f"RoPE scaling {self.scaling_type!r} is not supported at explicit positions; "
                 f"supported: {SUPPORTED_SCALING}"
             )
@@ -87,7 +87,7 @@ class RopeSpec:
         cfg.pop("rope_type", None)
         kind = _SCALING_ALIASES.get(kind, kind)
         if kind == "dynamic":
-            raise UnsupportedRopeError(
+            raise ModelFormatError(
                 "dynamic NTK RoPE depends on the sequence length, so keys cannot be placed at "
                 "explicit positions or re-anchored"
             )
@@ -125,10 +125,10 @@ class RopeSpec:
         ]
 
     def validate(self, other: RopeSpec) -> None:
-        """Raise :class:`RopeMismatchError` listing every field where ``other`` differs."""
+        """Raise :class:`ModelMismatchError` listing every field where ``other`` differs."""
         diff = self.mismatches(other)
         if diff:
-            raise RopeMismatchError("RoPE specs differ: " + "; ".join(diff))
+            raise ModelMismatchError("RoPE specs differ: " + "; ".join(diff))
 
     # ---- derived frequencies ------------------------------------------------------------
     def _param(self, key: str, default: Any = None) -> Any:

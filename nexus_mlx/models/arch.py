@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from nexus_mlx.errors import UnsupportedArchitectureError
+from nexus_mlx.errors import ModelFormatError
 from nexus_mlx.kv.rope import RopeSpec
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text")
@@ -79,7 +79,7 @@ def _arch_of(model: nn.Module) -> str:
     if arch == "mistral":
         arch = "llama"
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"architecture {arch!r} is not supported by the engine; supported: {SUPPORTED_ARCHITECTURES}"
         )
     return str(arch)

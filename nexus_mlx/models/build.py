@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from nexus_mlx.errors import ModelFileError, UnsupportedArchitectureError
+from nexus_mlx.errors import ModelFormatError
 
 # model_type in a config -> the mlx-lm module implementing it. The engine (models/arch.py)
 # supports exactly these.
@@ -43,7 +43,7 @@ def model_classes(config: Mapping[str, Any]) -> tuple[Any, Any]:
     model_type = config.get("model_type")
     module_name = MLX_LM_MODULES.get(str(model_type))
     if module_name is None:
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"model_type {model_type!r} is not supported; supported: {sorted(MLX_LM_MODULES)}"
         )
     module = importlib.import_module(f"mlx_lm.models.{module_name}")
@@ -58,7 +58,7 @@ def _dequantize_triplets(
         keys = [f"{prefix}.weight", f"{prefix}.scales", f"{prefix}.biases"]
         missing = [k for k in keys if k not in out]
         if missing:
-            raise ModelFileError(f"quantized tensor {prefix!r} lacks {missing}")
+            raise ModelFormatError(f"quantized tensor {prefix!r} lacks {missing}")
         w, scales, biases = (out.pop(k) for k in keys)
         # in float32: float16 scales would round every dequantized weight to float16
         scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
@@ -109,7 +109,7 @@ def build_model(
     try:
         model.load_weights(list(tensors.items()), strict=True)
     except ValueError as exc:
-        raise ModelFileError(f"weights do not match the {config.get('model_type')} model: {exc}") from exc
+        raise ModelFormatError(f"weights do not match the {config.get('model_type')} model: {exc}") from exc
     mx.eval(model.parameters())
     model.eval()
     return model

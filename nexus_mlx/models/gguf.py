@@ -7,8 +7,8 @@ files, applied to packed weights, scales and biases alike; the ``+1`` folded int
 weights), maps the metadata to an HF-style ``config.json`` dict and rebuilds the tokenizer
 (``gguf_tokenizer``). ``load_gguf(path, dtype)`` turns that into an mlx-lm model via
 :func:`build_model`. Unknown architectures and tensors raise
-:class:`UnsupportedArchitectureError` naming them; missing or nonsensical metadata raises
-:class:`ModelFileError`.
+:class:`ModelFormatError` naming them; missing or nonsensical metadata raises
+:class:`ModelFormatError`.
 
 Supported: llama, qwen2, qwen3, gemma2, gemma3 (-> mlx-lm ``gemma3_text``). It does not know:
 split (multi-file) GGUFs, llama3-style ``rope_freqs`` factors, per-layer head counts, where a file
@@ -27,12 +27,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from nexus_mlx.errors import (
-    ModelFileError,
-    UnsupportedArchitectureError,
-    UnsupportedQuantizationError,
-    UnsupportedRopeError,
-)
+from nexus_mlx.errors import ModelFormatError
 from nexus_mlx.models.build import build_model
 from nexus_mlx.models.gguf_format import GGUFFile, convert_tensor, parse_gguf
 from nexus_mlx.models.gguf_tokenizer import TOKENIZER_ARRAYS, build_tokenizer
@@ -90,10 +85,10 @@ def mlx_name(gguf_name: str, arch: str) -> str:
     names = dict(_BLOCK_NAMES, ffn_norm=spec.ffn_norm)
     if match is None or match[2] not in names:
         if gguf_name == "rope_freqs.weight":
-            raise UnsupportedRopeError(
+            raise ModelFormatError(
                 f"{gguf_name!r} (llama3-style per-frequency RoPE factors) is not supported"
             )
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"tensor {gguf_name!r} has no counterpart in the mlx-lm {spec.model_type} model"
         )
     return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
@@ -102,7 +97,7 @@ def mlx_name(gguf_name: str, arch: str) -> str:
 def _unpermute_rows(rows: int, n_heads: int) -> np.ndarray:
     """Row order that undoes llama.cpp's ``permute`` (per head: interleaved -> half-split)."""
     if n_heads <= 0 or rows % (2 * n_heads):
-        raise ModelFileError(f"cannot un-permute {rows} Q/K rows over {n_heads} heads")
+        raise ModelFormatError(f"cannot un-permute {rows} Q/K rows over {n_heads} heads")
     idx = np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2)
     return idx.transpose(0, 2, 1).reshape(-1)
 
@@ -114,13 +109,13 @@ def _meta(md: dict[str, Any], key: str, path: Path, default: Any = ...) -> float
     """A numeric metadata value (a per-layer array must hold one value)."""
     value = md.get(key, default)
     if value is ...:
-        raise ModelFileError(f"GGUF file {path} lacks the metadata key {key!r}")
+        raise ModelFormatError(f"GGUF file {path} lacks the metadata key {key!r}")
     if isinstance(value, np.ndarray) and value.dtype.kind in "iuf":
         if value.size == 0 or not (value == value.flat[0]).all():
-            raise UnsupportedArchitectureError(f"{key} varies per layer ({value.tolist()})")
+            raise ModelFormatError(f"{key} varies per layer ({value.tolist()})")
         value = value.flat[0].item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelFileError(f"GGUF file {path}: metadata {key} = {value!r} is not a number")
+        raise ModelFormatError(f"GGUF file {path}: metadata {key} = {value!r} is not a number")
     return value
 
 
@@ -140,7 +135,7 @@ def _rope_scaling(md: dict[str, Any], a: str, path: Path) -> dict[str, Any] | No
                 value = _positive(md, f"{a}.rope.scaling.{gguf_key}", path)
                 out[hf_key] = int(value) if hf_key.startswith("original") else value
         return out
-    raise UnsupportedRopeError(f"{path}: {a}.rope.scaling.type {kind!r} is not supported")
+    raise ModelFormatError(f"{path}: {a}.rope.scaling.type {kind!r} is not supported")
 
 
 def _sliding_pattern(md: dict[str, Any], a: str, n_layers: int, path: Path) -> int:
@@ -151,11 +146,11 @@ def _sliding_pattern(md: dict[str, Any], a: str, n_layers: int, path: Path) -> i
         flags = value.tolist()
         n = flags.index(False) + 1 if False in flags else n_layers + 1
         if flags != [(i + 1) % n != 0 for i in range(len(flags))]:
-            raise UnsupportedArchitectureError(f"sliding window layer pattern {flags} is not periodic")
+            raise ModelFormatError(f"sliding window layer pattern {flags} is not periodic")
     else:
         n = int(_meta(md, key, path, 6))
     if not 1 <= n <= n_layers:  # mlx-lm's gemma3_text indexes layer n-1 for the global mask
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"{path}: sliding window pattern {n} does not fit {n_layers} layers (mlx-lm needs 1..{n_layers})"
         )
     return n
@@ -164,14 +159,14 @@ def _sliding_pattern(md: dict[str, Any], a: str, n_layers: int, path: Path) -> i
 def _count(md: dict[str, Any], key: str, path: Path, default: Any = ...) -> int:
     value = _meta(md, key, path, default)
     if value != int(value) or value <= 0:
-        raise ModelFileError(f"GGUF file {path}: metadata {key} = {value!r} is not a positive count")
+        raise ModelFormatError(f"GGUF file {path}: metadata {key} = {value!r} is not a positive count")
     return int(value)
 
 
 def _positive(md: dict[str, Any], key: str, path: Path, default: Any = ...) -> float:
     value = float(_meta(md, key, path, default))
     if not 0 < value < float("inf"):
-        raise ModelFileError(f"GGUF file {path}: metadata {key} = {value!r} is not a positive number")
+        raise ModelFormatError(f"GGUF file {path}: metadata {key} = {value!r} is not a positive number")
     return value
 
 
@@ -179,15 +174,15 @@ def _shape_config(file: GGUFFile, a: str) -> dict[str, Any]:
     """Sizes every architecture shares, checked for consistency."""
     md, path = file.metadata, file.path
     if "token_embd.weight" not in file.tensors:
-        raise ModelFileError(f"GGUF file {path} has no token_embd.weight tensor")
+        raise ModelFormatError(f"GGUF file {path} has no token_embd.weight tensor")
     hidden = _count(md, f"{a}.embedding_length", path)
     heads = _count(md, f"{a}.attention.head_count", path)
     kv_heads = _count(md, f"{a}.attention.head_count_kv", path, heads)
     head_dim = _count(md, f"{a}.attention.key_length", path, max(hidden // heads, 1))
     if heads % kv_heads:
-        raise ModelFileError(f"GGUF file {path}: {heads} query heads over {kv_heads} KV heads")
+        raise ModelFormatError(f"GGUF file {path}: {heads} query heads over {kv_heads} KV heads")
     if _count(md, f"{a}.rope.dimension_count", path, head_dim) != head_dim:
-        raise UnsupportedArchitectureError(f"{path}: partial RoPE (rotary dims != head dim {head_dim})")
+        raise ModelFormatError(f"{path}: partial RoPE (rotary dims != head dim {head_dim})")
     return {
         "hidden_size": hidden,
         "num_hidden_layers": _count(md, f"{a}.block_count", path),
@@ -216,7 +211,7 @@ def gguf_config(file: GGUFFile, arch: str) -> dict[str, Any]:
     if (scaling := _rope_scaling(md, a, path)) is not None:
         config["rope_scaling"] = scaling
     if arch == "qwen2" and head_dim * heads != hidden:
-        raise UnsupportedArchitectureError(f"{path}: qwen2 with head_dim {head_dim} * {heads} != {hidden}")
+        raise ModelFormatError(f"{path}: qwen2 with head_dim {head_dim} * {heads} != {hidden}")
     if arch == "llama":
         config["attention_bias"] = "blk.0.attn_q.bias" in file.tensors
         config["mlp_bias"] = "blk.0.ffn_up.bias" in file.tensors
@@ -261,7 +256,7 @@ def _transform(
     if spec.norm_offset and gguf_name.endswith("norm.weight"):
         w = arrays["weight"]
         if len(arrays) > 1:
-            raise UnsupportedQuantizationError(f"norm tensor {gguf_name!r} is quantized")
+            raise ModelFormatError(f"norm tensor {gguf_name!r} is quantized")
         arrays = {"weight": (w.astype(mx.float32) - spec.norm_offset).astype(w.dtype)}
     return arrays
 
@@ -280,7 +275,7 @@ def _tensors(
             weights[target] = arrays["weight"]
             continue
         if not target.endswith(".weight"):
-            raise UnsupportedQuantizationError(f"tensor {name!r} in {file.path} is a quantized bias")
+            raise ModelFormatError(f"tensor {name!r} in {file.path} is a quantized bias")
         prefix = target.rpartition(".")[0]
         quantization[prefix] = quant
         weights.update({f"{prefix}.{part}": v for part, v in arrays.items()})
@@ -296,10 +291,10 @@ def read_gguf(path: str | Path, dequantize_dtype: mx.Dtype = mx.float32) -> GGUF
     file = parse_gguf(path)
     md = file.metadata
     if _meta(md, "split.count", file.path, 1) > 1:
-        raise ModelFileError(f"{file.path} is one shard of a split GGUF; merge it first")
+        raise ModelFormatError(f"{file.path} is one shard of a split GGUF; merge it first")
     arch = md.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"GGUF architecture {arch!r} in {file.path} is not supported; "
             f"supported: {sorted(ARCHITECTURES)}"
         )

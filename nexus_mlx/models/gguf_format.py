@@ -2,12 +2,12 @@
 
 Contract: ``parse_gguf(path)`` reads the header, every metadata value and the tensor table,
 checking each count, offset and size against the file before using it, so a missing, empty,
-truncated or corrupt file raises :class:`ModelFileError` naming the path (never a crash, a
+truncated or corrupt file raises :class:`ModelFormatError` naming the path (never a crash, a
 hang, or a giant allocation). Tensor data stays memory-mapped until ``convert_tensor`` decodes
 one tensor: F32 / F16 / BF16 as floats; Q4_0, Q4_1 and Q8_0 repacked losslessly into MLX affine
 triplets (4 or 8 bits, group size 32, bit-identical to what ``mx.load`` returns for them); every
 other type the ``gguf`` package can dequantize (K-quants, Q5_0/Q5_1, IQ*) dequantized; anything
-else raises :class:`UnsupportedQuantizationError` naming the tensor and its type.
+else raises :class:`ModelFormatError` naming the tensor and its type.
 
 Why neither ``mx.load`` nor ``gguf.GGUFReader`` reads the file: ``mx.load`` rejects a whole file
 when any tensor is Q5_0/Q5_1/Q3_K/Q5_K/IQ* (the gemma3-270m Q4_K_M file has Q5_0), returns Q4_K /
@@ -28,7 +28,7 @@ import gguf
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.errors import ModelFileError, UnsupportedQuantizationError
+from nexus_mlx.errors import ModelFormatError
 
 QType = gguf.GGMLQuantizationType
 _MAX_DEPTH = 4  # nesting of metadata arrays we follow; real files use 1
@@ -72,7 +72,7 @@ class _Cursor:
     def check(self, n: int, what: str) -> None:
         """Raise unless ``n`` more bytes exist (bounds loops driven by counts in the file)."""
         if n < 0 or self.pos + n > len(self.buf):
-            raise ModelFileError(
+            raise ModelFormatError(
                 f"GGUF file {self.path} is truncated or corrupt: {what} at byte {self.pos} "
                 f"needs {n} bytes, the file has {len(self.buf)}"
             )
@@ -92,7 +92,7 @@ class _Cursor:
         try:
             return str(self.buf[start : start + n].tobytes().decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise ModelFileError(f"GGUF file {self.path}: {what} is not UTF-8: {exc}") from exc
+            raise ModelFormatError(f"GGUF file {self.path}: {what} is not UTF-8: {exc}") from exc
 
 
 # metadata value type id -> (struct format, numpy dtype); 8 is string, 9 is array
@@ -110,7 +110,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
     if vtype == _STRING:
         return cur.string(key)
     if vtype != _ARRAY or depth >= _MAX_DEPTH:
-        raise ModelFileError(f"GGUF file {cur.path}: metadata {key!r} has unknown type {vtype}")
+        raise ModelFormatError(f"GGUF file {cur.path}: metadata {key!r} has unknown type {vtype}")
     itype, count = cur.scalar("<I", key), cur.scalar("<Q", key)
     if itype in _SCALARS:
         dtype = np.dtype(_SCALARS[itype][1])
@@ -122,14 +122,14 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         return [cur.string(key) for _ in range(count)]
     if itype == _ARRAY:
         return [_read_value(cur, _ARRAY, key, depth + 1) for _ in range(count)]
-    raise ModelFileError(f"GGUF file {cur.path}: metadata {key!r} has items of unknown type {itype}")
+    raise ModelFormatError(f"GGUF file {cur.path}: metadata {key!r} has items of unknown type {itype}")
 
 
 def _read_tensor_info(cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     name = cur.string("tensor name")
     n_dims = cur.scalar("<I", f"rank of tensor {name!r}")
     if not 1 <= n_dims <= _MAX_DIMS:
-        raise ModelFileError(f"GGUF file {cur.path}: tensor {name!r} has rank {n_dims}")
+        raise ModelFormatError(f"GGUF file {cur.path}: tensor {name!r} has rank {n_dims}")
     ne = [cur.scalar("<Q", f"shape of tensor {name!r}") for _ in range(n_dims)]
     qtype = cur.scalar("<I", f"type of tensor {name!r}")
     offset = cur.scalar("<Q", f"offset of tensor {name!r}")
@@ -142,11 +142,11 @@ def _tensor_layout(path: Path, name: str, shape: tuple[int, ...], type_id: int) 
         qtype = QType(type_id)
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     except (ValueError, KeyError):
-        raise UnsupportedQuantizationError(
+        raise ModelFormatError(
             f"tensor {name!r} in {path} has GGML type id {type_id}, which nexus-mlx cannot load"
         ) from None
     if any(d <= 0 for d in shape) or shape[-1] % block:
-        raise ModelFileError(
+        raise ModelFormatError(
             f"GGUF file {path}: tensor {name!r} of type {qtype.name} has shape {shape}, whose "
             f"rows are not a whole number of {block}-element blocks"
         )
@@ -158,36 +158,36 @@ def parse_gguf(path: str | Path) -> GGUFFile:
     """Parse and validate the container; tensor data stays on disk (memory-mapped)."""
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"GGUF file {path} does not exist or is not a regular file")
+        raise ModelFormatError(f"GGUF file {path} does not exist or is not a regular file")
     if path.stat().st_size == 0:
-        raise ModelFileError(f"GGUF file {path} is empty")
+        raise ModelFormatError(f"GGUF file {path} is empty")
     data = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(data), path)  # type: ignore[arg-type]  # memmap is a buffer
     magic = bytes(cur.buf[cur.need(4, "magic") : 4])
     if magic != b"GGUF":
-        raise ModelFileError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        raise ModelFormatError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
     version = cur.scalar("<I", "version")
     if version not in (2, 3):
-        raise ModelFileError(f"GGUF file {path} has version {version}; supported: 2, 3")
+        raise ModelFormatError(f"GGUF file {path} has version {version}; supported: 2, 3")
     n_tensors, n_kv = cur.scalar("<Q", "tensor count"), cur.scalar("<Q", "metadata count")
     cur.check((n_tensors + n_kv) * 8, "tensor and metadata tables")  # bounds the loops below
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string("metadata key")
         if key in metadata:
-            raise ModelFileError(f"GGUF file {path}: metadata key {key!r} appears twice")
+            raise ModelFormatError(f"GGUF file {path}: metadata key {key!r} appears twice")
         metadata[key] = _read_value(cur, cur.scalar("<I", f"type of {key!r}"), key)
     table = [_read_tensor_info(cur) for _ in range(n_tensors)]
     align = metadata.get("general.alignment", 32)
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
-        raise ModelFileError(f"GGUF file {path}: general.alignment {align!r} is not a power of 2")
+        raise ModelFormatError(f"GGUF file {path}: general.alignment {align!r} is not a power of 2")
     data_start = -(-cur.pos // align) * align
     tensors: dict[str, TensorInfo] = {}
     for name, shape, type_id, offset in table:
         qtype, nbytes = _tensor_layout(path, name, shape, type_id)
         start = data_start + offset
         if name in tensors or offset % align or start + nbytes > len(data):
-            raise ModelFileError(
+            raise ModelFormatError(
                 f"GGUF file {path} is truncated or corrupt: tensor {name!r} ({qtype.name}, "
                 f"{nbytes} bytes at {start}) is duplicated, misaligned or past the end "
                 f"({len(data)} bytes)"
@@ -250,7 +250,7 @@ def convert_tensor(
     try:
         values = gguf.quants.dequantize(raw, info.qtype)
     except NotImplementedError:
-        raise UnsupportedQuantizationError(
+        raise ModelFormatError(
             f"tensor {info.name!r} in {file.path} has type {info.qtype.name}, which nexus-mlx "
             f"cannot load (supported: F32, F16, BF16, {', '.join(t.name for t in MLX_NATIVE)}, "
             "and the types gguf.quants.dequantize implements)"

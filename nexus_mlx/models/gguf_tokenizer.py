@@ -16,7 +16,7 @@ llama.cpp token types: 1 normal, 2 unknown, 3 control (-> special added tokens),
 ``add_bos_token`` / ``add_eos_token`` become a template post-processor.
 
 It does not know tensors, model configs, or any tokenizer kind other than the two above (unigram
-``t5``, ``bert`` WordPiece, ``rwkv`` raise :class:`ModelFileError`).
+``t5``, ``bert`` WordPiece, ``rwkv`` raise :class:`ModelFormatError`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers as pre
 from transformers import PreTrainedTokenizerFast
 
-from nexus_mlx.errors import ModelFileError
+from nexus_mlx.errors import ModelFormatError
 
 # metadata arrays that only the tokenizer needs (callers may drop them from what they keep)
 TOKENIZER_ARRAYS = frozenset({
@@ -78,21 +78,21 @@ _END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|en
 
 def _meta(md: Mapping[str, Any], key: str, source: object) -> Any:
     if key not in md:
-        raise ModelFileError(f"GGUF file {source} lacks the tokenizer metadata {key!r}")
+        raise ModelFormatError(f"GGUF file {source} lacks the tokenizer metadata {key!r}")
     return md[key]
 
 
 def _strings(md: Mapping[str, Any], key: str, source: object) -> list[str]:
     value = _meta(md, key, source)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ModelFileError(f"GGUF file {source}: {key} is not a list of strings")
+        raise ModelFormatError(f"GGUF file {source}: {key} is not a list of strings")
     return value
 
 
 def _numbers(md: Mapping[str, Any], key: str, n: int, source: object, default: float) -> np.ndarray:
     value = md.get(key, np.full(n, default))
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf" or value.shape != (n,):
-        raise ModelFileError(f"GGUF file {source}: {key} is not {n} numbers")
+        raise ModelFormatError(f"GGUF file {source}: {key} is not {n} numbers")
     return value
 
 
@@ -112,21 +112,21 @@ def _bpe(source: object, vocab: dict[str, int], merges: list[Any], **options: An
     try:
         return models.BPE(vocab, merges, **options)
     except Exception as exc:  # tokenizers raises bare Exception, e.g. a merge of unknown tokens
-        raise ModelFileError(f"GGUF file {source}: inconsistent tokenizer vocabulary: {exc}") from exc
+        raise ModelFormatError(f"GGUF file {source}: inconsistent tokenizer vocabulary: {exc}") from exc
 
 
 def _byte_level_model(md: Mapping[str, Any], tokens: list[str], source: object) -> Tokenizer:
     name = md.get("tokenizer.ggml.pre", "gpt2")
     name = "gpt2" if name == "default" else name
     if name not in PRE_TOKENIZERS:
-        raise ModelFileError(
+        raise ModelFormatError(
             f"GGUF file {source}: tokenizer.ggml.pre {name!r} is not supported; "
             f"supported: {sorted(PRE_TOKENIZERS)}"
         )
     digits, regex, ignore_merges = PRE_TOKENIZERS[name]
     merges = [tuple(m.split(" ", 1)) for m in _strings(md, "tokenizer.ggml.merges", source)]
     if any(len(m) != 2 for m in merges):
-        raise ModelFileError(f"GGUF file {source}: a tokenizer merge is not two tokens")
+        raise ModelFormatError(f"GGUF file {source}: a tokenizer merge is not two tokens")
     tok = Tokenizer(_bpe(source, _vocab(tokens), merges, ignore_merges=ignore_merges))
     steps: list[pre.PreTokenizer] = [pre.Digits(individual_digits=True)] if digits else []
     steps += [pre.Split(Regex(regex), behavior="isolated"),
@@ -157,7 +157,7 @@ def _sentencepiece_model(
     md: Mapping[str, Any], tokens: list[str], types: np.ndarray, source: object
 ) -> Tokenizer:
     if "tokenizer.ggml.scores" not in md:
-        raise ModelFileError(f"GGUF file {source} lacks the tokenizer metadata 'tokenizer.ggml.scores'")
+        raise ModelFormatError(f"GGUF file {source} lacks the tokenizer metadata 'tokenizer.ggml.scores'")
     scores = _numbers(md, "tokenizer.ggml.scores", len(tokens), source, 0.0)
     unk_id = _token_id(md, "unknown", len(tokens))
     unk = tokens[unk_id] if unk_id is not None else None
@@ -220,7 +220,7 @@ def backend_tokenizer(metadata: Mapping[str, Any], source: object = "<metadata>"
     elif kind == "llama":
         tok = _sentencepiece_model(metadata, tokens, types, source)
     else:
-        raise ModelFileError(
+        raise ModelFormatError(
             f"GGUF file {source}: tokenizer.ggml.model {kind!r} is not supported "
             "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
         )

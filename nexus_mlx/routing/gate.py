@@ -25,22 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 
 DEFAULT_PERCENTILE = 20.0
 DEFAULT_DUPLICATE_QUANTILE = 0.9
 
 
-class CalibrationError(NexusError, ValueError):
-    """Calibration impossible (too few tools or queries) or for another registry/embedder."""
-
-
 def margin(scores: Sequence[float] | np.ndarray) -> float:
     """Top-1 minus top-2 score (``inf`` with a single candidate)."""
     arr = np.asarray(scores, dtype=np.float64)
     if arr.size == 0:
-        raise CalibrationError("no candidate scores to take a margin of")
+        raise ArgumentError("no candidate scores to take a margin of")
     return float("inf") if arr.size == 1 else float(arr[0] - arr[1])
 
 
@@ -75,7 +71,7 @@ class Calibration:
         try:
             return cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as exc:
-            raise CalibrationError(f"cannot read calibration {path}: {exc}") from exc
+            raise ArgumentError(f"cannot read calibration {path}: {exc}") from exc
 
     def check(self, slb: SemanticLookasideBuffer) -> None:
         """Raise unless this calibration was computed for ``slb``'s tools and embedder."""
@@ -85,7 +81,7 @@ class Calibration:
         if self.embedder_id != slb.embedder_id:
             problems.append(f"embedder {self.embedder_id!r} != {slb.embedder_id!r}")
         if problems:
-            raise CalibrationError("stale calibration: " + "; ".join(problems))
+            raise ArgumentError("stale calibration: " + "; ".join(problems))
 
 
 def nearest_neighbour_cosines(vectors: np.ndarray) -> np.ndarray:
@@ -106,10 +102,10 @@ def calibrate(
     """Calibrate ``tau`` on adversarial queries (see the module docstring)."""
     tools = slb.vectors  # (N, D) float32
     if tools.shape[0] < 2:
-        raise CalibrationError(f"calibration needs at least 2 tools, the buffer has {tools.shape[0]}")
+        raise ArgumentError(f"calibration needs at least 2 tools, the buffer has {tools.shape[0]}")
     queries = tools if query_vectors is None else np.asarray(query_vectors, dtype=np.float32)
     if queries.ndim != 2 or queries.shape[0] == 0:
-        raise CalibrationError(f"query vectors must be a non-empty (Q, D) array, got {queries.shape}")
+        raise ArgumentError(f"query vectors must be a non-empty (Q, D) array, got {queries.shape}")
     threshold = float(np.quantile(nearest_neighbour_cosines(tools), duplicate_quantile))
     margins, adversarial = [], []
     for q in queries:
@@ -120,7 +116,7 @@ def calibrate(
         if cos >= threshold - 1e-6:  # tolerance: the same cosine computed two ways
             adversarial.append(margins[-1])
     if not adversarial:
-        raise CalibrationError("no adversarial queries (top-2 near-duplicates) in the calibration set")
+        raise ArgumentError("no adversarial queries (top-2 near-duplicates) in the calibration set")
     tau = float(np.percentile(adversarial, percentile))
     fire = float(np.mean(np.asarray(margins) < tau))
     return Calibration(tau, fire, percentile, len(margins), len(adversarial), threshold,

@@ -27,13 +27,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.agent.registry import split_identifier
-from nexus_mlx.agent.tools import Tool
 from nexus_mlx.decode.generate import chat_ids
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.routing.ir import tool_signature
+from nexus_mlx.tools.ir import tool_signature
+from nexus_mlx.tools.registry import split_identifier
+from nexus_mlx.tools.tool import Tool
 
 INSTRUCTION = (
     "Pick the one tool that best serves the request. Tools:\n{tools}\n\nRequest: {query}\n"
@@ -47,10 +47,6 @@ DEFAULT_RETRIEVAL_WEIGHT = 0.5
 ``dev-difficult`` queries over 4,076 tools (``bench/rerank_fusion.py``: escalated accuracy
 0.842 vs 0.810 for the likelihood alone and 0.614 for the SLB top-1; weights 0.5-1.5 tie), never
 on the routing test queries."""
-
-
-class RerankError(NexusError, ValueError):
-    """Retrieval scores that do not match the candidates, or a bad reranker setting."""
 
 
 class Reranker(Protocol):
@@ -87,7 +83,7 @@ def _check_retrieval(tools: Sequence[Tool], scores: Sequence[float] | None) -> l
     if scores is None:
         return [0.0] * len(tools)
     if len(scores) != len(tools):
-        raise RerankError(f"{len(scores)} retrieval scores for {len(tools)} candidates")
+        raise ArgumentError(f"{len(scores)} retrieval scores for {len(tools)} candidates")
     return [float(s) for s in scores]
 
 
@@ -104,9 +100,9 @@ class QueryLikelihoodReranker:
     def __init__(self, model: nn.Module, tokenizer: Any, *,
                  retrieval_weight: float = DEFAULT_RETRIEVAL_WEIGHT, max_prompts: int = 96) -> None:
         if not np.isfinite(retrieval_weight) or retrieval_weight < 0:
-            raise RerankError(f"retrieval_weight must be finite and >= 0, got {retrieval_weight}")
+            raise ArgumentError(f"retrieval_weight must be finite and >= 0, got {retrieval_weight}")
         if max_prompts < 1:
-            raise RerankError(f"max_prompts must be >= 1, got {max_prompts}")
+            raise ArgumentError(f"max_prompts must be >= 1, got {max_prompts}")
         self.model, self.tokenizer = model, tokenizer
         self.retrieval_weight, self.max_prompts = retrieval_weight, max_prompts
         self._prompts: OrderedDict[str, tuple[NexusCache, mx.array]] = OrderedDict()

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nexus_mlx.agent.registry import ToolRegistry
-from nexus_mlx.errors import NexusError
-from nexus_mlx.routing.gate import Calibration, CalibrationError, MarginGate, calibrate, margin
+from nexus_mlx.errors import ArgumentError
+from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin
 from nexus_mlx.routing.rerank import QueryLikelihoodReranker, Reranker
 from nexus_mlx.routing.slb import SemanticLookasideBuffer, TextEmbedder
+from nexus_mlx.tools.registry import ToolRegistry
 
 EMBEDDER_ID = "all-MiniLM-L6-v2"
 QUERY_PREFIX = "query: "
@@ -33,10 +33,6 @@ QUERY_PREFIX = "query: "
 DEFAULT_K = 10
 """Candidates the reranker reorders: held-out top-10 recall 0.971 vs 0.938 at k = 5 (4,076 tools),
 escalated accuracy 0.842 vs 0.791 (``bench/rerank_fusion.py``)."""
-
-
-class RoutingError(NexusError, ValueError):
-    """Routing over an empty registry, or a buffer that does not match the registry."""
 
 
 @dataclass
@@ -64,11 +60,11 @@ class Router:
         calibration: Calibration | None = None,
     ) -> None:
         if len(registry) == 0:
-            raise RoutingError("cannot route over an empty tool registry")
+            raise ArgumentError("cannot route over an empty tool registry")
         if list(slb.names) != registry.names():
-            raise RoutingError("the SLB's tools differ from the registry's; rebuild the buffer")
+            raise ArgumentError("the SLB's tools differ from the registry's; rebuild the buffer")
         if k < 1:
-            raise RoutingError(f"k must be >= 1, got {k}")
+            raise ArgumentError(f"k must be >= 1, got {k}")
         self.registry, self.embedder, self.slb = registry, embedder, slb
         self.gate, self.reranker, self.k = gate, reranker, k
         self.calibration = calibration  # how ``gate`` was set, when known
@@ -110,7 +106,7 @@ def build_router(
     ``embedder_id`` names it in the SLB and calibration) and ``reranker`` (default:
     :class:`QueryLikelihoodReranker` on ``model``) can be given."""
     if len(registry) == 0:
-        raise RoutingError("cannot route over an empty tool registry")
+        raise ArgumentError("cannot route over an empty tool registry")
     if embedder is None:
         from nexus_mlx.routing.embedder import Embedder
 
@@ -120,7 +116,7 @@ def build_router(
     try:
         calibration = calibrate(slb)
         gate = calibration.gate()
-    except CalibrationError:
+    except ArgumentError:
         calibration, gate = None, MarginGate(0.0)
     if reranker is None:
         reranker = QueryLikelihoodReranker(model, tokenizer)

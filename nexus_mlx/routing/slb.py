@@ -15,7 +15,7 @@ Contract:
 - :meth:`add` / :meth:`remove` change rows incrementally (removal keeps the order of the rest);
   :meth:`save` / :meth:`load` write and read one ``.npz`` file (no pickle) that records the
   embedder identity and width, checked against the caller's expectations at load.
-- Caller errors raise :class:`SLBError` (:class:`SLBMismatchError` for another embedder or
+- Caller errors raise :class:`ArgumentError` (:class:`ModelMismatchError` for another embedder or
   width) naming the values: dimension mismatch, duplicate or unknown names, non-finite values,
   a scan of an empty buffer, ``k <= 0``. A failed operation leaves the buffer unchanged.
 
@@ -36,23 +36,15 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from nexus_mlx.agent.registry import ToolRegistry
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError, ModelMismatchError
 from nexus_mlx.kernels import int8_scan as scan_kernels
-from nexus_mlx.kernels.int8_scan import ALIGN, MAX_DIM, BoundScan, ScanInputError
+from nexus_mlx.kernels.int8_scan import ALIGN, MAX_DIM, BoundScan
+from nexus_mlx.tools.registry import ToolRegistry
 
 FILE_FORMAT = "nexus-mlx/slb"
 FILE_VERSION = 1
 QUANTIZATION = "int8-symmetric-per-vector-max127"
 Device = Literal["cpu", "gpu"]
-
-
-class SLBError(NexusError, ValueError):
-    """A caller error on the semantic lookaside buffer; the message names the offending values."""
-
-
-class SLBMismatchError(SLBError):
-    """A buffer (or a file) was built by another embedder or for another width."""
 
 
 class TextEmbedder(Protocol):
@@ -71,7 +63,7 @@ def _aligned_rows(n: int, width: int) -> np.ndarray:
 def recall_at_k(found: Sequence[np.ndarray], exact: Sequence[np.ndarray]) -> float:
     """Mean over queries of ``|found_q & exact_q| / |exact_q|`` (index sets of one k)."""
     if len(found) != len(exact) or not found:
-        raise SLBError(f"need equally many (> 0) result lists, got {len(found)} and {len(exact)}")
+        raise ArgumentError(f"need equally many (> 0) result lists, got {len(found)} and {len(exact)}")
     total = 0.0
     for f, e in zip(found, exact, strict=True):
         truth = {int(i) for i in e}
@@ -95,9 +87,9 @@ class SemanticLookasideBuffer:
             or not isinstance(dim, int | np.integer)
             or not 0 < dim <= MAX_DIM
         ):
-            raise SLBError(f"dim must be an integer in [1, {MAX_DIM}], got {dim!r}")
+            raise ArgumentError(f"dim must be an integer in [1, {MAX_DIM}], got {dim!r}")
         if not isinstance(embedder_id, str) or not embedder_id:
-            raise SLBError(f"embedder_id must be a non-empty string, got {embedder_id!r}")
+            raise ArgumentError(f"embedder_id must be a non-empty string, got {embedder_id!r}")
         self._dim = int(dim)
         self._width = scan_kernels.padded_width(self._dim)
         self._embedder_id = embedder_id
@@ -180,7 +172,7 @@ class SemanticLookasideBuffer:
         try:
             return self._rows[name]
         except KeyError:
-            raise SLBError(f"no tool named {name!r} in the buffer ({len(self)} tools)") from None
+            raise ArgumentError(f"no tool named {name!r} in the buffer ({len(self)} tools)") from None
 
     # ---- mutation -------------------------------------------------------------------------
     def add(self, names: Sequence[str], vectors: Any) -> None:
@@ -188,7 +180,7 @@ class SemanticLookasideBuffer:
         new_names = self._check_names(names, "add")
         clash = sorted(set(new_names) & self._rows.keys())
         if clash:
-            raise SLBError(f"tools already in the buffer: {clash[:10]}")
+            raise ArgumentError(f"tools already in the buffer: {clash[:10]}")
         vecs = self._check_vectors(vectors, len(new_names))
         codes, scales = scan_kernels.quantize_rows(vecs)  # (M, D), (M,)
         n, m = len(self), len(new_names)
@@ -209,7 +201,7 @@ class SemanticLookasideBuffer:
         gone = self._check_names(names, "remove")
         unknown = [n for n in gone if n not in self._rows]
         if unknown:
-            raise SLBError(f"cannot remove tools not in the buffer: {unknown[:10]}")
+            raise ArgumentError(f"cannot remove tools not in the buffer: {unknown[:10]}")
         keep = np.ones((len(self),), bool)
         keep[np.array([self._rows[n] for n in gone], dtype=np.int64)] = False
         rows = _aligned_rows(int(keep.sum()), self._width)
@@ -242,27 +234,27 @@ class SemanticLookasideBuffer:
 
     def _check_names(self, names: Any, what: str) -> list[str]:
         if isinstance(names, str):
-            raise SLBError(f"{what} takes a sequence of names, got the single string {names!r}")
+            raise ArgumentError(f"{what} takes a sequence of names, got the single string {names!r}")
         out = list(names)
         bad = [n for n in out if not isinstance(n, str) or not n]
         if bad:
-            raise SLBError(f"tool names must be non-empty strings, got {bad[:5]!r}")
+            raise ArgumentError(f"tool names must be non-empty strings, got {bad[:5]!r}")
         seen: set[str] = set()
         dups: set[str] = set()
         for n in out:
             (dups if n in seen else seen).add(n)
         if dups:
-            raise SLBError(f"duplicate names in one {what} call: {sorted(dups)[:10]}")
+            raise ArgumentError(f"duplicate names in one {what} call: {sorted(dups)[:10]}")
         return out
 
     def _check_vectors(self, vectors: Any, m: int) -> np.ndarray:
         arr = np.asarray(vectors)
         if arr.dtype.kind not in "biuf":
-            raise SLBError(f"vectors must be real numbers, got dtype {arr.dtype}")
+            raise ArgumentError(f"vectors must be real numbers, got dtype {arr.dtype}")
         if arr.ndim == 1 and m == 1:
             arr = arr[None, :]
         if arr.ndim != 2 or arr.shape[0] != m or arr.shape[1] != self._dim:
-            raise SLBError(
+            raise ArgumentError(
                 f"vectors of shape {arr.shape} do not match {m} names of dim {self._dim} "
                 f"(embedder {self._embedder_id!r})"
             )
@@ -270,12 +262,12 @@ class SemanticLookasideBuffer:
         finite = np.isfinite(vecs).all(axis=1)
         if not finite.all():
             bad = np.flatnonzero(~finite)[:10].tolist()
-            raise SLBError(f"vectors for rows {bad} hold NaN or inf")
+            raise ArgumentError(f"vectors for rows {bad} hold NaN or inf")
         return vecs
 
     def _need_vectors(self, what: str) -> np.ndarray:
         if self._vectors is None:
-            raise SLBError(
+            raise ArgumentError(
                 f"{what} needs the float32 vectors, but this buffer has keep_float=False"
             )
         return self._vectors
@@ -283,23 +275,23 @@ class SemanticLookasideBuffer:
     # ---- scans ----------------------------------------------------------------------------
     def _check_scan(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
-            raise SLBError(f"k must be a positive integer, got {k!r}")
+            raise ArgumentError(f"k must be a positive integer, got {k!r}")
         if not self._names:
-            raise SLBError("cannot scan an empty buffer: add tools first")
+            raise ArgumentError("cannot scan an empty buffer: add tools first")
 
     def _query(self, query: Any) -> np.ndarray:
         arr = np.asarray(query)
         if arr.dtype.kind not in "biuf":
-            raise SLBError(f"query must be real numbers, got dtype {arr.dtype}")
+            raise ArgumentError(f"query must be real numbers, got dtype {arr.dtype}")
         if arr.ndim == 2 and arr.shape[0] == 1:
             arr = arr[0]
         if arr.shape != (self._dim,):
-            raise SLBError(
+            raise ArgumentError(
                 f"query has shape {arr.shape}, but the buffer holds dim {self._dim} vectors"
             )
         q = np.ascontiguousarray(arr, dtype=np.float32)
         if not np.isfinite(q).all():
-            raise SLBError("query holds a non-finite value (NaN or inf)")
+            raise ArgumentError("query holds a non-finite value (NaN or inf)")
         return q
 
     def scan(
@@ -319,16 +311,16 @@ class SemanticLookasideBuffer:
             if bound is not None:
                 try:
                     idx, scores, _ = bound.search(query, k)
-                except ScanInputError as exc:
-                    self._query(query)  # raises the SLBError that names the problem
-                    raise SLBError(str(exc)) from exc
+                except ArgumentError as exc:
+                    self._query(query)  # raises the ArgumentError that names the problem
+                    raise ArgumentError(str(exc)) from exc
                 return idx, scores
         q = self._query(query)
         if device == "cpu":
             idx, scores, _ = scan_kernels.search_reference(self._codes, self._scales, q, k)
             return idx, scores
         if device != "gpu":
-            raise SLBError(f"device must be 'cpu' or 'gpu', got {device!r}")
+            raise ArgumentError(f"device must be 'cpu' or 'gpu', got {device!r}")
         return self._scan_gpu(q, k, use_kernel)
 
     def _bind(self) -> BoundScan | None:
@@ -369,7 +361,7 @@ class SemanticLookasideBuffer:
         """Mean recall@k of :meth:`scan` against :meth:`scan_exact` over ``queries (Q, dim)``."""
         qs = np.asarray(queries, dtype=np.float32)
         if qs.ndim != 2 or qs.shape[0] == 0:
-            raise SLBError(f"queries must be a non-empty (Q, {self._dim}) array, got {qs.shape}")
+            raise ArgumentError(f"queries must be a non-empty (Q, {self._dim}) array, got {qs.shape}")
         found = [self.scan(q, k, use_kernel=use_kernel)[0] for q in qs]
         exact = [self.scan_exact(q, k)[0] for q in qs]
         return recall_at_k(found, exact)
@@ -386,12 +378,12 @@ class SemanticLookasideBuffer:
         split_names: bool = True,
         keep_float: bool = True,
     ) -> SemanticLookasideBuffer:
-        """Embed every tool's :func:`~nexus_mlx.agent.registry.text_for_embedding` (as
+        """Embed every tool's :func:`~nexus_mlx.tools.registry.text_for_embedding` (as
         documents) and fill a buffer in registry order; records ``registry.digest()``."""
         texts = registry.texts_for_embedding(parameters=parameters, split_names=split_names)
         vectors = np.asarray(embedder.embed(texts, kind="document"), dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
-            raise SLBError(f"the embedder returned shape {vectors.shape} for {len(texts)} texts")
+            raise ArgumentError(f"the embedder returned shape {vectors.shape} for {len(texts)} texts")
         slb = cls(int(vectors.shape[1]), embedder_id, keep_float=keep_float,
                   tools_digest=registry.digest())
         slb.add(registry.names(), vectors)
@@ -439,36 +431,36 @@ class SemanticLookasideBuffer:
         dim: int | None = None,
     ) -> SemanticLookasideBuffer:
         """Read a file written by :meth:`save`. If ``embedder_id`` / ``dim`` are given they must
-        match the file's (else :class:`SLBMismatchError`); the arrays are checked for shape,
+        match the file's (else :class:`ModelMismatchError`); the arrays are checked for shape,
         range and (with vectors) agreement with their re-quantization."""
         where = str(path)
         try:
             with np.load(path, allow_pickle=False) as npz:
                 files = {name: npz[name] for name in npz.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise SLBError(f"{where}: not a readable SLB file ({exc})") from exc
+            raise ArgumentError(f"{where}: not a readable SLB file ({exc})") from exc
         meta = _read_meta(files, where)
         if embedder_id is not None and meta["embedder_id"] != embedder_id:
-            raise SLBMismatchError(
+            raise ModelMismatchError(
                 f"{where} was built by embedder {meta['embedder_id']!r}, not {embedder_id!r}"
             )
         if dim is not None and meta["dim"] != dim:
-            raise SLBMismatchError(f"{where} holds dim {meta['dim']} vectors, not dim {dim}")
+            raise ModelMismatchError(f"{where} holds dim {meta['dim']} vectors, not dim {dim}")
         n, d = meta["count"], meta["dim"]
         codes = _array(files, "codes", np.int8, (n, d), where)
         scales = _array(files, "scales", np.float32, (n,), where)
         if (codes == -128).any():
-            raise SLBError(f"{where}: codes must lie in [-127, 127]")
+            raise ArgumentError(f"{where}: codes must lie in [-127, 127]")
         if not (np.isfinite(scales).all() and (scales >= 0).all()):
-            raise SLBError(f"{where}: scales must be finite and non-negative")
+            raise ArgumentError(f"{where}: scales must be finite and non-negative")
         vectors = None
         if meta["has_vectors"]:
             vectors = _array(files, "vectors", np.float32, (n, d), where)
             if not np.isfinite(vectors).all():
-                raise SLBError(f"{where}: vectors are not finite")
+                raise ArgumentError(f"{where}: vectors are not finite")
             again, again_scales = scan_kernels.quantize_rows(vectors)
             if not (np.array_equal(again, codes) and np.array_equal(again_scales, scales)):
-                raise SLBError(f"{where}: codes and scales do not match the stored vectors")
+                raise ArgumentError(f"{where}: codes and scales do not match the stored vectors")
         slb = cls(d, meta["embedder_id"], keep_float=vectors is not None,
                   tools_digest=meta["tools_digest"])
         rows = _aligned_rows(n, slb._width)
@@ -480,20 +472,20 @@ class SemanticLookasideBuffer:
 def _read_meta(files: dict[str, np.ndarray], where: str) -> dict[str, Any]:
     raw = files.get("meta")
     if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-        raise SLBError(f"{where}: no SLB metadata (not written by SemanticLookasideBuffer.save)")
+        raise ArgumentError(f"{where}: no SLB metadata (not written by SemanticLookasideBuffer.save)")
     try:
         meta = json.loads(raw.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SLBError(f"{where}: corrupt SLB metadata ({exc})") from exc
+        raise ArgumentError(f"{where}: corrupt SLB metadata ({exc})") from exc
     if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
         tag = meta.get("format") if isinstance(meta, dict) else None
-        raise SLBError(f"{where}: not an SLB file (format {tag!r}, expected {FILE_FORMAT!r})")
+        raise ArgumentError(f"{where}: not an SLB file (format {tag!r}, expected {FILE_FORMAT!r})")
     if meta.get("version") != FILE_VERSION:
-        raise SLBError(
+        raise ArgumentError(
             f"{where}: SLB file version {meta.get('version')!r}, this code reads {FILE_VERSION}"
         )
     if meta.get("quantization") != QUANTIZATION:
-        raise SLBError(f"{where}: unknown quantization {meta.get('quantization')!r}")
+        raise ArgumentError(f"{where}: unknown quantization {meta.get('quantization')!r}")
     names = meta.get("names")
     count, dim = meta.get("count"), meta.get("dim")
     if (
@@ -502,18 +494,18 @@ def _read_meta(files: dict[str, np.ndarray], where: str) -> dict[str, Any]:
         or count < 0
         or not 0 < dim <= MAX_DIM
     ):
-        raise SLBError(f"{where}: bad count {count!r} or dim {dim!r}")
+        raise ArgumentError(f"{where}: bad count {count!r} or dim {dim!r}")
     if (
         not isinstance(names, list)
         or len(names) != count
         or not all(isinstance(n, str) and n for n in names)
         or len(set(names)) != count
     ):
-        raise SLBError(f"{where}: names must be {count} distinct non-empty strings")
+        raise ArgumentError(f"{where}: names must be {count} distinct non-empty strings")
     if not isinstance(meta.get("embedder_id"), str) or not meta["embedder_id"]:
-        raise SLBError(f"{where}: missing embedder_id")
+        raise ArgumentError(f"{where}: missing embedder_id")
     if not isinstance(meta.get("has_vectors"), bool):
-        raise SLBError(f"{where}: missing has_vectors")
+        raise ArgumentError(f"{where}: missing has_vectors")
     meta.setdefault("tools_digest", None)
     return meta
 
@@ -524,7 +516,7 @@ def _array(
     arr = files.get(key)
     if arr is None or arr.dtype != dtype or arr.shape != shape:
         got = None if arr is None else f"{arr.dtype} {arr.shape}"
-        raise SLBError(f"{where}: array {key!r} must be {np.dtype(dtype)} {shape}, got {got}")
+        raise ArgumentError(f"{where}: array {key!r} must be {np.dtype(dtype)} {shape}, got {got}")
     return np.ascontiguousarray(arr)
 
 
@@ -532,8 +524,8 @@ __all__ = [
     "FILE_FORMAT",
     "FILE_VERSION",
     "QUANTIZATION",
-    "SLBError",
-    "SLBMismatchError",
+    "ArgumentError",
+    "ModelMismatchError",
     "SemanticLookasideBuffer",
     "TextEmbedder",
     "recall_at_k",

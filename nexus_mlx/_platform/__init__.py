@@ -1,0 +1,9 @@
+"""Private platform floor: what makes MLX fast and native code buildable on this machine.
+
+- :mod:`.blas`: on Linux, route MLX's CPU matmuls to an optimized BLAS (must run before
+  ``mlx.core`` is imported; ``import nexus_mlx`` does it first).
+- :mod:`.cpu_cache`: raise MLX's CPU buffer-cache limit on CPU-only builds.
+- :mod:`.cbuild`: compile the C sources in ``csrc/`` into the user cache, keyed by their hash.
+
+It imports only :mod:`nexus_mlx.errors` and knows nothing of models, caches or tools.
+"""

@@ -1,0 +1,218 @@
+"""Make MLX's Linux CPU build use an optimized BLAS (OpenBLAS from ``scipy-openblas32``).
+
+Contract: importing this module runs :func:`ensure_fast_blas` once and binds ``BLAS_STATUS``. On
+Linux it loads OpenBLAS privately, hands the addresses of its ``scipy_cblas_{s,d,c}gemm`` to the
+forwarding shim ``_blas_shim.so`` (source: ``csrc/blas_shim.c``), and then promotes the shim to
+the process's global symbol scope. libmlx.so imports ``cblas_sgemm``/``cblas_dgemm``/
+``cblas_cgemm`` as undefined symbols; the dynamic linker resolves them in the global scope before
+mlx's own (reference, 30-50x slower) libblas, so every MLX CPU matmul in float32, float64 and
+complex64 then runs on OpenBLAS. This works only if it happens *before* ``mlx.core`` is loaded.
+
+Only the three GEMMs are forwarded. MLX's LAPACK calls (``mx.linalg`` factorizations) keep the
+bundled reference LAPACK/BLAS: they are not on any hot path here, and forwarding ~20 Fortran
+routines would add surface without speeding up matmul.
+
+It never raises and never imports mlx. Outcomes:
+  - not Linux, or ``NEXUS_MLX_BLAS=0``: nothing is loaded (status says why), no warning;
+  - ``mlx.core`` already imported, OpenBLAS or the shim missing, or the shim not winning symbol
+    resolution: a :class:`BlasWarning` is emitted and MLX keeps its reference BLAS.
+
+If the packaged shim is missing (a source checkout that was never built), it is compiled once
+with the system C compiler into ``$XDG_CACHE_HOME/nexus-mlx/`` (default ``~/.cache/nexus-mlx/``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_mlx._platform import cbuild as _cbuild
+
+__all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "shim_call_counts"]
+
+ENV_VAR = "NEXUS_MLX_BLAS"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_SHIM_NAME = "_blas_shim.so"
+_SHIM_SOURCE = _PACKAGE_DIR / "csrc" / "blas_shim.c"
+_GEMMS = ("sgemm", "dgemm", "cgemm")
+_SYMBOL_PREFIXES = ("scipy_", "")
+
+
+class BlasWarning(UserWarning):
+    """MLX will run on its slow reference BLAS; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class BlasStatus:
+    """Outcome of :func:`ensure_fast_blas`.
+
+    ``loaded``: the shim is in the global scope and forwards MLX's GEMMs to ``library``.
+    ``library``: path of the optimized BLAS library (None if none was loaded).
+    ``shim``: path of the forwarding shim that was loaded (None if none).
+    ``config``: the BLAS's own build description (e.g. OpenBLAS core and thread count), if known.
+    ``reason``: one human-readable sentence explaining the outcome.
+    """
+
+    loaded: bool
+    library: str | None
+    reason: str
+    shim: str | None = None
+    config: str | None = None
+
+
+class _Unavailable(Exception):
+    """Internal: a step failed; the message becomes the status reason."""
+
+
+_status: BlasStatus | None = None
+_keep_alive: list[ctypes.CDLL] = []  # dlopen handles must outlive the process's use of them
+_shim: ctypes.CDLL | None = None
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _load_openblas() -> tuple[ctypes.CDLL, str, str]:
+    """Load scipy-openblas32 privately; return (handle, path, symbol prefix)."""
+    try:
+        import scipy_openblas32
+    except ImportError as exc:
+        raise _Unavailable(
+            f"scipy-openblas32 is not installed ({exc}); `pip install scipy-openblas32`"
+        ) from exc
+    lib_dir = Path(scipy_openblas32.get_lib_dir())
+    try:
+        path = lib_dir / scipy_openblas32.get_library(fullname=True)
+    except (OSError, IndexError) as exc:
+        raise _Unavailable(f"no OpenBLAS library found in {lib_dir}: {exc}") from exc
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+    except OSError as exc:
+        raise _Unavailable(f"could not load {path}: {exc}") from exc
+    for prefix in _SYMBOL_PREFIXES:
+        if hasattr(lib, f"{prefix}cblas_sgemm"):
+            return lib, str(path), prefix
+    raise _Unavailable(f"{path} exports no cblas_sgemm (tried prefixes {_SYMBOL_PREFIXES})")
+
+
+def _openblas_config(lib: ctypes.CDLL, prefix: str) -> str | None:
+    try:
+        fn = getattr(lib, f"{prefix}openblas_get_config")
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    raw = fn()
+    return raw.decode(errors="replace").strip() if raw else None
+
+
+def _compile_shim() -> Path:
+    """Compile csrc/blas_shim.c into the user cache (keyed by the source hash); return its path."""
+    if not _SHIM_SOURCE.is_file():
+        raise _Unavailable(f"shim not built and its source {_SHIM_SOURCE} is missing")
+    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
+    try:
+        return _cbuild.build_shared_library(_SHIM_SOURCE, "blas_shim", flags, timeout=120)
+    except _cbuild.BuildError as exc:
+        raise _Unavailable(f"the shim is not built and building it failed: {exc}") from exc
+
+
+def _find_shim() -> Path:
+    packaged = _PACKAGE_DIR / _SHIM_NAME
+    return packaged if packaged.is_file() else _compile_shim()
+
+
+def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
+    """Load the shim, point it at OpenBLAS, promote it to global scope; return its path."""
+    global _shim
+    path = str(_find_shim())
+    try:
+        shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+    except OSError as exc:
+        raise _Unavailable(f"could not load the shim {path}: {exc}") from exc
+    addresses = [_address(openblas, f"{prefix}cblas_{g}") for g in _GEMMS]
+    shim.nexus_blas_init.argtypes = [ctypes.c_void_p] * 3
+    shim.nexus_blas_init.restype = ctypes.c_int
+    if shim.nexus_blas_init(*addresses) != 0:
+        raise _Unavailable(f"{prefix}cblas_{{s,d,c}}gemm not all found in the BLAS library")
+    # Re-opening the already-loaded object with RTLD_GLOBAL promotes it to the global scope.
+    try:
+        promoted = ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    except OSError as exc:
+        raise _Unavailable(f"could not make the shim global: {exc}") from exc
+    shim.nexus_blas_call_count.argtypes = [ctypes.c_int]
+    shim.nexus_blas_call_count.restype = ctypes.c_longlong
+    _keep_alive.extend([openblas, shim, promoted])
+    _shim = shim
+    # Check the global scope now resolves cblas_sgemm to the shim (an LD_PRELOADed BLAS would win).
+    process = ctypes.CDLL(None)
+    for g in _GEMMS:
+        if _address(process, f"cblas_{g}") != _address(shim, f"cblas_{g}"):
+            raise _Unavailable(f"another cblas_{g} is already global (LD_PRELOAD?); shim unused")
+    return path
+
+
+def _address(lib: ctypes.CDLL, name: str) -> int | None:
+    """Address of symbol ``name`` as seen through handle ``lib`` (None if absent)."""
+    fn = getattr(lib, name, None)
+    return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, BlasWarning, stacklevel=3)
+
+
+def ensure_fast_blas() -> BlasStatus:
+    """Route MLX's CPU GEMMs to OpenBLAS if possible; return the (cached) outcome.
+
+    Idempotent: the work is done on the first call only. Never raises; failures become a
+    :class:`BlasWarning` and a status with ``loaded=False``.
+    """
+    global _status
+    if _status is not None:
+        return _status
+    if not sys.platform.startswith("linux"):
+        _status = BlasStatus(False, None, f"not needed on {sys.platform}: MLX uses Accelerate")
+    elif _disabled_by_env():
+        _status = BlasStatus(False, None, f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}")
+    elif "mlx.core" in sys.modules:
+        reason = (
+            "mlx.core was imported before nexus_mlx, so MLX already bound its reference BLAS; "
+            "import nexus_mlx before mlx to get the optimized BLAS"
+        )
+        _warn(reason)
+        _status = BlasStatus(False, None, reason)
+    else:
+        try:
+            openblas, library, prefix = _load_openblas()
+            shim = _install_shim(openblas, prefix)
+            _status = BlasStatus(
+                True,
+                library,
+                "MLX CPU GEMMs forwarded to OpenBLAS",
+                shim,
+                _openblas_config(openblas, prefix),
+            )
+        except Exception as exc:  # never break `import nexus_mlx` over a speed-up
+            reason = f"no optimized BLAS for MLX ({exc}); MLX CPU matmul will be slow"
+            _warn(reason)
+            _status = BlasStatus(False, None, reason)
+    return _status
+
+
+def shim_call_counts() -> dict[str, int]:
+    """Number of GEMM calls forwarded so far, e.g. ``{"sgemm": 3, "dgemm": 0, "cgemm": 0}``.
+
+    All zeros when the shim is not loaded.
+    """
+    if _shim is None:
+        return {g: 0 for g in _GEMMS}
+    return {g: int(_shim.nexus_blas_call_count(i)) for i, g in enumerate(_GEMMS)}
+
+
+BLAS_STATUS: BlasStatus = ensure_fast_blas()

@@ -1,0 +1,80 @@
+"""Compile one C source file into a shared library in the user cache, keyed by its content.
+
+Contract: :func:`build_shared_library` returns the path of ``<folder>/<stem>-<digest>.so``,
+compiling it only if it is not there yet (``digest`` = first 16 hex digits of the source's
+SHA-256, so an edited source gets a new file). The file appears atomically (written under a
+temporary name, then renamed), so concurrent processes never load a partial library. Failures
+raise :class:`BuildError` with one readable sentence. It never imports mlx: the BLAS shim is
+built with it before ``mlx.core`` may be loaded. It knows nothing about what the library does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from nexus_mlx.errors import BuildError
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/nexus-mlx`` (default ``~/.cache/nexus-mlx``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nexus-mlx"
+
+
+def source_digest(source: Path) -> str:
+    """First 16 hex digits of the SHA-256 of ``source`` (raises ``OSError`` if unreadable)."""
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
+
+
+def find_compiler(compiler: str | None = None) -> str:
+    """``compiler``, else ``$CC``, else ``cc`` or ``gcc`` on the PATH."""
+    found = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not found:
+        raise BuildError("no C compiler (cc/gcc) found")
+    return found
+
+
+def build_shared_library(
+    source: Path,
+    stem: str,
+    flags: Sequence[str],
+    *,
+    libraries: Sequence[str] = (),
+    folder: Path | None = None,
+    compiler: str | None = None,
+    timeout: float = 300.0,
+) -> Path:
+    """Build ``source`` with ``compiler flags... source -o target libraries...`` (e.g.
+    ``libraries=("-lm",)``), or reuse the cached build; return the library's path."""
+    source = Path(source)
+    try:
+        digest = source_digest(source)
+    except OSError as exc:
+        raise BuildError(f"cannot read the source {source}: {exc}") from exc
+    target = (cache_dir() if folder is None else Path(folder)) / f"{stem}-{digest}.so"
+    if target.is_file():
+        return target
+    cc = find_compiler(compiler)
+    tmp: str | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
+        os.close(fd)
+        cmd = [cc, *flags, str(source), "-o", tmp, *libraries]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise BuildError(f"compiling {source.name} failed: {proc.stderr.strip()[-800:]}")
+        os.replace(tmp, target)  # atomic: concurrent importers never see a partial file
+        tmp = None
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildError(f"compiling {source.name} into {target.parent} failed: {exc}") from exc
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

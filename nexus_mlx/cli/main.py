@@ -1,0 +1,108 @@
+"""The ``nexus-mlx`` command line.
+
+Contract: ``main(argv)`` parses a subcommand and runs it (implementations in
+:mod:`nexus_mlx.cli.commands`), returning the process exit status. Errors raised on purpose
+(:class:`NexusError`) print as one readable line plus a hint (``--debug`` shows the traceback)
+and exit with status 2. ``--model SPEC`` (``default``, ``gemma3-270m``, a ``.gguf`` file or an
+mlx-lm directory) is accepted by every subcommand that runs a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from nexus_mlx.cli import commands
+from nexus_mlx.errors import NexusError
+
+MODEL_HELP = "model spec: 'default', 'gemma3-270m', a .gguf file or an mlx-lm directory"
+TOOLS_HELP = "a registry file (JSON list / {'tools': [...]}, Seal-Tools .jsonl) or an MCP server command"
+
+
+def _add(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    help_text: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    model: bool = True,
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    if model:
+        p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.set_defaults(func=func)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nexus-mlx",
+        description="KV-cache surgery and tool routing for agentic LLMs on MLX.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _add(sub, "chat", "one chat turn on a model, with TTFT and tokens/s", commands.cmd_chat)
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+
+    p = _add(sub, "demo", "the main job on the embedded default model (make demo)", commands.cmd_demo)
+    p.add_argument("--extra-tools", action="append", default=[], metavar="FILE",
+                   help="a registry file whose tools are routed alongside the live ones (repeatable)")
+
+    p = _add(sub, "compile", "compile a tool registry to .atb KV blocks", commands.cmd_compile)
+    p.add_argument("--tools", required=True, help=TOOLS_HELP)
+    p.add_argument("--out", required=True, help="directory for the .atb files")
+    p.add_argument("--context", default=None, help="text preceding every block (a system prompt)")
+    p.add_argument("--dtype", default=None, choices=["float16", "float32"],
+                   help="block dtype (default: the model's compute dtype)")
+
+    p = _add(sub, "route", "route a request: candidates, margin, gate, IR, arguments, timings",
+             commands.cmd_route)
+    p.add_argument("query", help="the user's request")
+    p.add_argument("--tools", required=True, help=TOOLS_HELP)
+    p.add_argument("-k", type=int, default=None,
+                   help="candidates the SLB returns (default: the router's, 10)")
+    p.add_argument("--max-tokens", type=int, default=96, help="argument tokens at most")
+
+    p = _add(sub, "splice-demo", "splice a compiled schema at several depths vs a text prefill",
+             commands.cmd_splice_demo)
+    p.add_argument("--depths", type=int, nargs="+", default=[0, 256, 512, 1024],
+                   help="history lengths n_past to splice after")
+    p.add_argument("-K", type=float, default=4.0, help="recompute curve K (4 default, 16 flat)")
+
+    p = _add(sub, "repair-demo", "delete a correction from a cached context and repair it",
+             commands.cmd_repair_demo)
+    p.add_argument("--budget", type=float, default=5.0, help="recompute budget in percent")
+    p.add_argument("--allocator", default="sur", help="allocator name (sur, bm25_units, ...)")
+
+    p = _add(sub, "bench", "run a benchmark script from bench/", commands.cmd_bench, model=False)
+    p.add_argument("name", help="benchmark name, e.g. blas, engine, dkl_sweep")
+    p.add_argument("--quick", action="store_true", help="the < 1 minute smoke-test setting")
+
+    p = _add(sub, "report", "write results/REPORT.md from results/*.json", commands.cmd_report,
+             model=False)
+    p.add_argument("--results", default="results", help="the results directory")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except NexusError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"nexus-mlx: error: {exc}", file=sys.stderr)
+        print("hint: check the arguments above (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nexus-mlx: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

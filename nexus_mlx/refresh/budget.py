@@ -1,0 +1,37 @@
+"""Exact recompute budgets (paper 2).
+
+Contract: ``budget_tokens(S, b) = min(S, ceil(S * b / 100))`` for a suffix of ``S`` positions
+and a budget of ``b`` percent, ``0 <= b <= 100``, in exact rational arithmetic (b = 2.5 means
+exactly 2.5%). b = 0 is Shift; b = 100 is Replay. ``intervals(rows)`` splits sorted rows into
+maximal runs of consecutive rows, as half-open ``(start, stop)`` pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from nexus_mlx.errors import ArgumentError
+
+
+def budget_tokens(suffix_length: int, budget_pct: float) -> int:
+    """How many suffix positions a budget of ``budget_pct`` percent buys, exactly."""
+    if suffix_length < 0:
+        raise ArgumentError(f"suffix length must be >= 0, got {suffix_length}")
+    if not (isinstance(budget_pct, int | float) and 0 <= budget_pct <= 100):
+        raise ArgumentError(f"budget must be a percentage in [0, 100], got {budget_pct!r}")
+    return min(suffix_length, math.ceil(Fraction(suffix_length) * Fraction(budget_pct) / 100))
+
+
+def intervals(rows: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive values in sorted ``rows`` as ``[(start, stop), ...]``."""
+    arr = np.asarray(rows, dtype=np.int64)
+    if arr.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [arr.size]])
+    return [(int(arr[a]), int(arr[b - 1]) + 1) for a, b in zip(starts, stops, strict=True)]
