@@ -41,7 +41,7 @@ from nexus_mlx.tools.registry import ToolRegistry, load_tools
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate, margin
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
-from routing_accuracy import (
+from routing_eval import (
     DEFAULT_CACHE,
     EMBEDDER_ID,
     GITHUB_QUERIES,

@@ -42,7 +42,7 @@ from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import calibrate
 from nexus_mlx.routing.router import QUERY_PREFIX
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
-from routing_accuracy import (
+from routing_eval import (
     DEFAULT_CACHE,
     EMBEDDER_ID,
     SEAL_DEV,

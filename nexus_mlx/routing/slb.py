@@ -14,7 +14,8 @@ Contract:
   :meth:`scan_exact` is the same ranking over the float32 vectors (``vectors @ query``).
 - :meth:`add` / :meth:`remove` change rows incrementally (removal keeps the order of the rest);
   :meth:`save` / :meth:`load` write and read one ``.npz`` file (no pickle) that records the
-  embedder identity and width, checked against the caller's expectations at load.
+  embedder identity and width, checked against the caller's expectations at load; the file
+  format and its checks are :mod:`nexus_mlx.routing.slb_file`.
 - Caller errors raise :class:`ArgumentError` (:class:`ModelMismatchError` for another embedder or
   width) naming the values: dimension mismatch, duplicate or unknown names, non-finite values,
   a scan of an empty buffer, ``k <= 0``. A failed operation leaves the buffer unchanged.
@@ -26,24 +27,18 @@ text is the caller's job (or :meth:`from_registry`'s, through any object with ``
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-import zipfile
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from nexus_mlx.errors import ArgumentError, ModelMismatchError
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kernels import int8_scan as scan_kernels
 from nexus_mlx.kernels.int8_scan import ALIGN, MAX_DIM, BoundScan
+from nexus_mlx.routing.slb_file import SlbContents, read_slb, write_slb
 from nexus_mlx.tools.registry import ToolRegistry
 
-FILE_FORMAT = "nexus-mlx/slb"
-FILE_VERSION = 1
-QUANTIZATION = "int8-symmetric-per-vector-max127"
 Device = Literal["cpu", "gpu"]
 
 
@@ -392,35 +387,16 @@ class SemanticLookasideBuffer:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write one ``.npz`` (atomically: temporary file, then rename): JSON metadata (format,
         version, embedder id, dim, count, names, quantization, tools digest), codes, scales and,
-        if kept, the float32 vectors."""
-        meta = {
-            "format": FILE_FORMAT,
-            "version": FILE_VERSION,
-            "embedder_id": self._embedder_id,
-            "dim": self._dim,
-            "count": len(self),
-            "quantization": QUANTIZATION,
-            "tools_digest": self.tools_digest,
-            "has_vectors": self._vectors is not None,
-            "names": self._names,
-        }
-        arrays = {
-            "meta": np.frombuffer(json.dumps(meta, ensure_ascii=False).encode("utf-8"), np.uint8),
-            "codes": np.ascontiguousarray(self._codes[:, : self._dim]),
-            "scales": self._scales,
-        }
-        if self._vectors is not None:
-            arrays["vectors"] = self._vectors
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)  # type: ignore[arg-type]
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        if kept, the float32 vectors (see :func:`~nexus_mlx.routing.slb_file.write_slb`)."""
+        write_slb(path, SlbContents(
+            self._embedder_id,
+            self._dim,
+            self._names,
+            np.ascontiguousarray(self._codes[:, : self._dim]),
+            self._scales,
+            self._vectors,
+            self.tools_digest,
+        ))
 
     @classmethod
     def load(
@@ -433,99 +409,19 @@ class SemanticLookasideBuffer:
         """Read a file written by :meth:`save`. If ``embedder_id`` / ``dim`` are given they must
         match the file's (else :class:`ModelMismatchError`); the arrays are checked for shape,
         range and (with vectors) agreement with their re-quantization."""
-        where = str(path)
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                files = {name: npz[name] for name in npz.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise ArgumentError(f"{where}: not a readable SLB file ({exc})") from exc
-        meta = _read_meta(files, where)
-        if embedder_id is not None and meta["embedder_id"] != embedder_id:
-            raise ModelMismatchError(
-                f"{where} was built by embedder {meta['embedder_id']!r}, not {embedder_id!r}"
-            )
-        if dim is not None and meta["dim"] != dim:
-            raise ModelMismatchError(f"{where} holds dim {meta['dim']} vectors, not dim {dim}")
-        n, d = meta["count"], meta["dim"]
-        codes = _array(files, "codes", np.int8, (n, d), where)
-        scales = _array(files, "scales", np.float32, (n,), where)
-        if (codes == -128).any():
-            raise ArgumentError(f"{where}: codes must lie in [-127, 127]")
-        if not (np.isfinite(scales).all() and (scales >= 0).all()):
-            raise ArgumentError(f"{where}: scales must be finite and non-negative")
-        vectors = None
-        if meta["has_vectors"]:
-            vectors = _array(files, "vectors", np.float32, (n, d), where)
-            if not np.isfinite(vectors).all():
-                raise ArgumentError(f"{where}: vectors are not finite")
-            again, again_scales = scan_kernels.quantize_rows(vectors)
-            if not (np.array_equal(again, codes) and np.array_equal(again_scales, scales)):
-                raise ArgumentError(f"{where}: codes and scales do not match the stored vectors")
-        slb = cls(d, meta["embedder_id"], keep_float=vectors is not None,
-                  tools_digest=meta["tools_digest"])
+        contents = read_slb(path, embedder_id=embedder_id, dim=dim)
+        n, d = len(contents.names), contents.dim
+        slb = cls(d, contents.embedder_id, keep_float=contents.vectors is not None,
+                  tools_digest=contents.tools_digest)
         rows = _aligned_rows(n, slb._width)
-        rows[:, :d] = codes
-        slb._commit(rows, scales, rows.sum(axis=1, dtype=np.int32), vectors, list(meta["names"]))
+        rows[:, :d] = contents.codes
+        slb._commit(rows, contents.scales, rows.sum(axis=1, dtype=np.int32), contents.vectors,
+                    list(contents.names))
         return slb
 
 
-def _read_meta(files: dict[str, np.ndarray], where: str) -> dict[str, Any]:
-    raw = files.get("meta")
-    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-        raise ArgumentError(f"{where}: no SLB metadata (not written by SemanticLookasideBuffer.save)")
-    try:
-        meta = json.loads(raw.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArgumentError(f"{where}: corrupt SLB metadata ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
-        tag = meta.get("format") if isinstance(meta, dict) else None
-        raise ArgumentError(f"{where}: not an SLB file (format {tag!r}, expected {FILE_FORMAT!r})")
-    if meta.get("version") != FILE_VERSION:
-        raise ArgumentError(
-            f"{where}: SLB file version {meta.get('version')!r}, this code reads {FILE_VERSION}"
-        )
-    if meta.get("quantization") != QUANTIZATION:
-        raise ArgumentError(f"{where}: unknown quantization {meta.get('quantization')!r}")
-    names = meta.get("names")
-    count, dim = meta.get("count"), meta.get("dim")
-    if (
-        not isinstance(count, int)
-        or not isinstance(dim, int)
-        or count < 0
-        or not 0 < dim <= MAX_DIM
-    ):
-        raise ArgumentError(f"{where}: bad count {count!r} or dim {dim!r}")
-    if (
-        not isinstance(names, list)
-        or len(names) != count
-        or not all(isinstance(n, str) and n for n in names)
-        or len(set(names)) != count
-    ):
-        raise ArgumentError(f"{where}: names must be {count} distinct non-empty strings")
-    if not isinstance(meta.get("embedder_id"), str) or not meta["embedder_id"]:
-        raise ArgumentError(f"{where}: missing embedder_id")
-    if not isinstance(meta.get("has_vectors"), bool):
-        raise ArgumentError(f"{where}: missing has_vectors")
-    meta.setdefault("tools_digest", None)
-    return meta
-
-
-def _array(
-    files: dict[str, np.ndarray], key: str, dtype: Any, shape: tuple[int, ...], where: str
-) -> np.ndarray:
-    arr = files.get(key)
-    if arr is None or arr.dtype != dtype or arr.shape != shape:
-        got = None if arr is None else f"{arr.dtype} {arr.shape}"
-        raise ArgumentError(f"{where}: array {key!r} must be {np.dtype(dtype)} {shape}, got {got}")
-    return np.ascontiguousarray(arr)
-
-
 __all__ = [
-    "FILE_FORMAT",
-    "FILE_VERSION",
-    "QUANTIZATION",
     "ArgumentError",
-    "ModelMismatchError",
     "SemanticLookasideBuffer",
     "TextEmbedder",
     "recall_at_k",
