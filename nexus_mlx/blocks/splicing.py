@@ -1,24 +1,40 @@
 """Splice a compiled block into a live cache: re-anchor, write, then depth-adaptive repair.
 
-Contract: ``splice(model, cache, block, at=None, curve=Curve())``
-1. validates the block against the running model (fingerprint and every layer's RoPE spec) and
-   the write against the cache, before touching anything;
-2. writes the block's K/V into rows ``n_past .. n_past+S-1`` at positions ``at .. at+S-1``
-   (default ``at`` = the cache's next position), every key re-rotated by ``delta = at - m0``
-   (by the back-end's re-anchor kernel when there is one, ``nexus_mlx.kernels``);
-3. re-decodes the trailing ``curve.tokens(S, n_past)`` block tokens through all layers (they see
-   the live context and the spliced rows before them), unless the splice is *anchored*
-   (``at == m0`` right after exactly the block's compile-time context), which is output-exact.
-   At R = 100% every block row is recomputed: exactly a text prefill.
-   With ``curve="sur"`` (beyond the paper: query-directed seam repair) the same number of block
-   tokens as the default curve asks for is recomputed, but chosen by Semantic-Unit Refresh
-   against the next query (``query`` and ``tokenizer`` required) instead of the trailing ones.
+Contract: ``splice(model, cache, block, at=None, curve=Curve())`` is ``plan_splice`` then
+``apply_splice``:
+1. ``plan_splice`` validates everything before touching anything: the block against the running
+   model (fingerprint and every layer's RoPE spec), the cache against the model (layers, RoPE
+   specs, K/V head shape), ``at`` (an integer, not a bool), the block's positions
+   ``at .. at+S-1`` against the model's ``max_position_embeddings``, the write against the
+   cache (rows, capacity, no position already held by a live row), the curve, and the whole
+   seam repair it will run (which block tokens, at which positions and rows; for
+   ``curve="sur"`` the selection itself is computed here). It returns a :class:`SplicePlan`.
+   A refused splice raises (``ModelMismatchError``, ``PositionError``, ``CacheError``,
+   ``ArgumentError``) and the cache is exactly as it was.
+2. ``apply_splice`` writes the block's K/V into rows ``n_past .. n_past+S-1`` at positions
+   ``at .. at+S-1`` (default ``at`` = the cache's next position), every key re-rotated by
+   ``delta = at - m0`` (by the back-end's re-anchor kernel when there is one,
+   ``nexus_mlx.kernels``), then re-decodes the planned block tokens through all layers: the
+   trailing ``curve.tokens(S, n_past)`` ones (they see the live context and the spliced rows
+   before them), unless the splice is *anchored* (``at == m0`` right after exactly the block's
+   compile-time context), which is output-exact. At R = 100% every block row is recomputed:
+   exactly a text prefill. With ``curve="sur"`` (beyond the paper: query-directed seam repair)
+   the same number of block tokens as the default curve asks for is recomputed, but chosen by
+   Semantic-Unit Refresh against the next query (``query`` and ``tokenizer`` required) instead
+   of the trailing ones. It runs inside ``cache.transaction()``: should anything fail there
+   (nothing a plan can foresee), the live rows, positions, token ids and ``n_past`` are put back.
 
 Paths reported in :class:`SpliceResult`: ``anchored`` (exact, nothing recomputed), ``bare``
 (``curve=None``: no repair), ``repaired`` (R% of the block recomputed), ``prefill`` (R = 100%),
 ``declined`` (the back-end cannot do the transposed-V copy safely: the block was prefilled as
-text instead — never silently). Timings are per stage, in seconds (pending lazy work on the input cache is evaluated before
-the clock starts).
+text instead — never silently). Timings are per stage, in seconds (pending lazy work on the
+input cache is evaluated before the clock starts).
+
+Exactness: ``anchored``, ``prefill`` and ``declined`` equal a text prefill (within float32
+rounding) when the rows before the block do. ``bare`` and ``repaired`` are not exact: layer 0's
+K/V of the block (which depend on token and position only) equal a prefill's within one
+re-anchor's rounding, V bit for bit from the block, but deeper layers still encode the block's
+compile-time context; the recomputed rows are exact only when everything before them is.
 
 It evaluates arrays (it is an executor). It does not choose blocks or know about routing.
 """
@@ -34,12 +50,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.blocks.atb import CompiledBlock, validate_block
+from nexus_mlx.blocks.block import CompiledBlock, validate_block
 from nexus_mlx.blocks.curve import Curve
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, CacheError, PositionError
 from nexus_mlx.kernels.reanchor_write import reanchored_rows
 from nexus_mlx.kernels.splice_v_transposed import decline_reason
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.kv.checks import is_int
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward
 from nexus_mlx.sur.select import sur_select
 
@@ -58,6 +76,21 @@ class SpliceResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SplicePlan:
+    """A validated splice: where the block goes and what the seam repair recomputes."""
+
+    path: SplicePath
+    at: int
+    positions: np.ndarray  # (S,) positions of the block's tokens
+    rows: tuple[int, int]  # cache rows [r0, r1) the block will occupy
+    delta: int  # re-anchoring shift of every key
+    r_pct: float
+    picked: np.ndarray  # (R,) sorted block indices re-decoded after the write
+    keys: tuple[mx.array, ...] = ()  # re-anchored block keys per layer (lazy); empty if declined
+    reason: str = ""
+
+
 def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
     """True when the block lands where it was compiled, right after its compile-time context."""
     context = np.asarray(block.header.context, dtype=np.int64)
@@ -69,29 +102,135 @@ def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
     )
 
 
-def _write_block(cache: NexusCache, block: CompiledBlock, at: int, use_kernel: bool) -> None:
-    delta = at - block.m0
-    keys = [
-        reanchored_rows(block.keys(i), delta, spec, cache.dtype, use_kernel=use_kernel)
-        for i, spec in enumerate(cache.rope_specs)
-    ]
-    values = [block.values(i) for i in range(cache.num_layers)]
-    cache.write(np.arange(at, at + block.num_tokens), keys, values, tokens=block.tokens)
-    cache.evaluate()
-
-
 def _check_curve(curve: object, query: Sequence[int] | None, tokenizer: Any) -> None:
-    if curve == "sur":
+    if isinstance(curve, str) and curve == "sur":
         if query is None or len(query) == 0 or tokenizer is None:
             raise ArgumentError("curve='sur' needs the next query's tokens and a tokenizer")
     elif curve is not None and not isinstance(curve, Curve):
         raise ArgumentError(f"curve must be a Curve, 'sur' or None, got {curve!r}")
 
 
+def _check_at(at: object, cache: NexusCache) -> int:
+    if at is None:
+        return cache.next_position
+    if not is_int(at):
+        raise ArgumentError(f"at must be an integer position (not bool) or None, got {at!r}")
+    if at < 0:
+        raise PositionError(f"at={at} is negative")
+    return int(at)
+
+
 def _query_directed(
     model: nn.Module, tokenizer: Any, block: CompiledBlock, query: Sequence[int] | None, budget: int
 ) -> np.ndarray:
     return sur_select(model, tokenizer, np.asarray(block.tokens), np.asarray(query), budget)
+
+
+def _checked_pick(picked: np.ndarray, size: int, s: int) -> np.ndarray:
+    arr = np.asarray(picked, dtype=np.int64).reshape(-1)
+    if (arr.size != size or (arr.size and (arr.min() < 0 or arr.max() >= s))
+            or (arr.size > 1 and not np.all(np.diff(arr) > 0))):
+        raise ArgumentError(
+            f"seam selection must be {size} sorted, distinct block indices in [0, {s}), "
+            f"got {arr.tolist()}"
+        )
+    return arr
+
+
+def plan_splice(
+    model: nn.Module,
+    cache: NexusCache,
+    block: CompiledBlock,
+    *,
+    at: int | None = None,
+    curve: Curve | Literal["sur"] | None = Curve(),  # noqa: B008  (frozen, immutable default)
+    use_kernel: bool = True,
+    query: Sequence[int] | None = None,
+    tokenizer: Any = None,
+    timings: dict[str, float] | None = None,
+) -> SplicePlan:
+    """Validate a splice completely (see the module docstring); nothing is modified."""
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
+    if not isinstance(block, CompiledBlock):
+        raise ArgumentError(f"block must be a CompiledBlock, got {type(block).__name__}")
+    validate_block(block, model)
+    _check_curve(curve, query, tokenizer)
+    mplan = model_plan(model)
+    cache.check_compatible(mplan.rope_specs, mplan.n_kv_heads, mplan.head_dim)
+    at = _check_at(at, cache)
+    n_past, s = cache.n_past, block.num_tokens
+    if mplan.max_position is not None and at + s > mplan.max_position:
+        raise PositionError(
+            f"splicing {s} tokens at {at} needs positions up to {at + s - 1}, beyond the "
+            f"model's max_position_embeddings={mplan.max_position}"
+        )
+    positions = np.arange(at, at + s, dtype=np.int64)
+    cache.plan_write(None, positions)  # rows, capacity, collisions with live positions
+    rows = (n_past, n_past + s)
+    delta = at - block.m0
+    if cache.v_layout == "transposed" and (declined := decline_reason()) is not None:
+        timings["validate"] = time.perf_counter() - start
+        return SplicePlan("declined", at, positions, rows, delta, 100.0,
+                          np.arange(s, dtype=np.int64), reason=declined)
+    keys = tuple(
+        reanchored_rows(block.keys(i), delta, spec, cache.dtype, use_kernel=use_kernel)
+        for i, spec in enumerate(cache.rope_specs)
+    )
+    timings["validate"] = time.perf_counter() - start
+    none = np.zeros(0, np.int64)
+    if is_anchored(cache, block, at):
+        return SplicePlan("anchored", at, positions, rows, delta, 0.0, none, keys)
+    if curve is None:
+        return SplicePlan("bare", at, positions, rows, delta, 0.0, none, keys)
+    trailing = curve if isinstance(curve, Curve) else Curve()
+    r_pct, count = trailing.percent(n_past), trailing.tokens(s, n_past)
+    t0 = time.perf_counter()
+    if isinstance(curve, str):  # "sur"
+        picked = _query_directed(model, tokenizer, block, query, count) if count else none
+    else:
+        picked = np.arange(s - count, s, dtype=np.int64)
+    timings["select"] = time.perf_counter() - t0
+    path: SplicePath = "prefill" if count == s else "repaired"
+    return SplicePlan(path, at, positions, rows, delta, r_pct, _checked_pick(picked, count, s), keys)
+
+
+def apply_splice(
+    model: nn.Module,
+    cache: NexusCache,
+    block: CompiledBlock,
+    plan: SplicePlan,
+    timings: dict[str, float] | None = None,
+) -> SpliceResult:
+    """Carry out a plan from :func:`plan_splice` on the cache it was made for, unchanged since."""
+    timings = {} if timings is None else timings
+    if cache.n_past != plan.rows[0]:
+        raise CacheError(f"stale splice plan: made at n_past={plan.rows[0]}, now {cache.n_past}")
+    result = SpliceResult(plan.path, plan.at, plan.rows, plan.delta, plan.r_pct,
+                          int(plan.picked.size), plan.reason, timings)
+    tokens = np.asarray(block.tokens, dtype=np.int64)
+    with cache.transaction():
+        if plan.path == "declined":
+            t0 = time.perf_counter()
+            mx.eval(forward(model, tokens, cache, positions=plan.positions, logits="last"))
+            cache.evaluate()
+            timings["prefill"] = time.perf_counter() - t0
+            return result
+        t0 = time.perf_counter()
+        values = [block.values(i) for i in range(cache.num_layers)]
+        cache.write(plan.positions, list(plan.keys), values, tokens=tokens)
+        cache.evaluate()
+        timings["copy"] = time.perf_counter() - t0
+        if plan.path in ("repaired", "prefill"):
+            t0 = time.perf_counter()
+            picked = plan.picked
+            if picked.size:
+                out = forward(model, tokens[picked], cache, positions=plan.positions[picked],
+                              rows=plan.rows[0] + picked, logits="last")
+                mx.eval(out)
+                cache.evaluate()
+            timings["repair"] = time.perf_counter() - t0
+    return result
 
 
 def splice(
@@ -108,52 +247,6 @@ def splice(
     """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
     timings: dict[str, float] = {}
     cache.evaluate()  # pending lazy work on the cache is not the splice's cost
-    start = time.perf_counter()
-    validate_block(block, model)
-    _check_curve(curve, query, tokenizer)
-    at = cache.next_position if at is None else at
-    n_past, s = cache.n_past, block.num_tokens
-    positions = np.arange(at, at + s)
-    cache.plan_write(None, positions)  # raises, cache untouched, if the write is invalid
-    timings["validate"] = time.perf_counter() - start
-    rows = (n_past, n_past + s)
-    base = SpliceResult("bare", at, rows, at - block.m0, 0.0, 0)
-
-    declined = decline_reason() if cache.v_layout == "transposed" else None
-    if declined is not None:
-        t0 = time.perf_counter()
-        mx.eval(forward(model, list(block.tokens), cache, positions=positions, logits="last"))
-        timings["prefill"] = time.perf_counter() - t0
-        base.path, base.recomputed, base.r_pct = "declined", s, 100.0
-        base.reason = declined
-        base.timings = timings
-        return base
-
-    anchored = is_anchored(cache, block, at)
-    t0 = time.perf_counter()
-    _write_block(cache, block, at, use_kernel)
-    timings["copy"] = time.perf_counter() - t0
-    if anchored:
-        base.path = "anchored"
-    elif curve is not None:
-        trailing = Curve() if curve == "sur" else curve
-        assert isinstance(trailing, Curve)
-        base.r_pct = trailing.percent(n_past)
-        base.recomputed = trailing.tokens(s, n_past)
-        t0 = time.perf_counter()
-        if curve == "sur":
-            picked = _query_directed(model, tokenizer, block, query, base.recomputed)
-        else:
-            picked = np.arange(s - base.recomputed, s)
-        timings["select"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if picked.size:
-            tokens = np.asarray(block.tokens)[picked]
-            out = forward(model, tokens, cache, positions=positions[picked],
-                          rows=rows[0] + picked, logits="last")
-            mx.eval(out)
-            cache.evaluate()
-        timings["repair"] = time.perf_counter() - t0
-        base.path = "prefill" if base.recomputed == s else "repaired"
-    base.timings = timings
-    return base
+    plan = plan_splice(model, cache, block, at=at, curve=curve, use_kernel=use_kernel,
+                       query=query, tokenizer=tokenizer, timings=timings)
+    return apply_splice(model, cache, block, plan, timings)

@@ -4,15 +4,28 @@ Contract:
 - Rows ``[0, n_past)`` are live; row ``r`` of every layer holds the K/V of one token whose RoPE
   position is ``positions[r]`` and whose id is ``tokens[r]`` (-1 where K/V were written without
   token ids). Positions need not be contiguous or sorted: attention is masked
-  by position, not by row order (see ``models.forward``).
+  by position, not by row order (see ``models.forward``). Live positions are distinct and lie
+  in ``[0, position_limit)`` (the models' ``max_position_embeddings`` named by the RoPE specs,
+  else ``2**31``); a write or shift that would break either is refused.
 - K is stored ``(1, H_kv, capacity, D)``. V is row-major ``(1, H_kv, capacity, D)`` or
   token-innermost ``(1, H_kv, D, capacity)`` (``v_layout="transposed"``, used for soft-capped
   models as llama.cpp does without flash attention). Capacity grows in ``step``-row chunks up to
   ``max_tokens``.
 - Range operations take half-open row ranges ``[p0, p1)`` inside ``[0, n_past)``: ``remove``,
-  ``shift`` (positions move by ``delta`` and keys are re-rotated exactly, V unchanged), ``trim``,
-  ``fork``. Every operation validates all of its arguments before touching anything, so a failed
-  operation leaves the cache exactly as it was (llama.cpp ``llama_memory_seq_*`` semantics).
+  ``shift`` (positions move by ``delta``, keys are re-rotated by ``delta``, V unchanged),
+  ``trim``, ``fork``. Bounds and deltas must be integers (``bool`` is refused). Every operation
+  plans and validates all of its arguments before touching anything, so a failed operation
+  leaves the cache exactly as it was (llama.cpp ``llama_memory_seq_*`` semantics); multi-step
+  callers (splice, refresh) wrap their apply phase in :meth:`NexusCache.transaction`.
+- What ``shift`` makes exact: the new positions (integers), V and every unmoved row (bit for
+  bit). The moved keys are rotated once by the angle ``delta * inv_freq`` computed in float64,
+  so one shift of a key rotated at ``p`` equals rotating it at ``p + delta`` up to one float32
+  rotation's rounding (about an ulp of the key), however large ``p`` and ``delta`` are. Shifts
+  do not compose exactly: each one rotates the stored, already rounded keys again, so ``n``
+  shifts (a round trip +d / -d is two) drift by up to about ``n * 2**-22 * max|K|``. Nothing
+  of the original rotation is kept; to place keys exactly after many moves, recompute the rows
+  (``refresh``) or re-splice them from their compiled block (one re-anchor from the stored
+  anchor).
 - ``to_mlx_lm``/``from_mlx_lm`` convert to and from mlx-lm's cache list so that
   ``mlx_lm.generate_step(prompt_cache=...)`` can continue from a nexus cache.
 
@@ -22,14 +35,16 @@ It knows the per-layer RoPE specs (to re-rotate keys) but nothing about weights 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.errors import CacheError, PositionError
+from nexus_mlx.errors import CacheError, ModelMismatchError, PositionError
+from nexus_mlx.kv.checks import check_distinct, check_positions, checked_tokens, int_array, is_int
 from nexus_mlx.kv.rope import RopeSpec, reanchor
 
 V_LAYOUTS = ("row", "transposed")
@@ -105,6 +120,13 @@ class NexusCache:
         return int(self._positions[: self.n_past].max()) + 1 if self.n_past else 0
 
     @property
+    def position_limit(self) -> int:
+        """One past the largest position a row may hold: the smallest
+        ``max_position_embeddings`` among the RoPE specs (``2**31`` when none names one)."""
+        limits = [s.max_position_embeddings for s in self.rope_specs if s.max_position_embeddings]
+        return min(int(x) for x in limits) if limits else MAX_POSITION + 1
+
+    @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self._keys, self._values, strict=True))
 
@@ -115,6 +137,21 @@ class NexusCache:
     def can_shift(self) -> bool:
         """Keys can be re-rotated to new positions (every layer has an invertible RoPE)."""
         return all(spec.dims > 0 for spec in self.rope_specs)
+
+    def check_compatible(
+        self, rope_specs: Sequence[RopeSpec], n_kv_heads: int, head_dim: int
+    ) -> None:
+        """Raise :class:`ModelMismatchError` unless this cache was shaped for a model with
+        these per-layer RoPE specs and K/V head shape (checked before any model writes)."""
+        problems = []
+        if tuple(rope_specs) != self.rope_specs:
+            problems.append(f"layers/RoPE specs: {len(rope_specs)} model layers vs "
+                            f"{self.num_layers} cache layers, or differing specs")
+        if (int(n_kv_heads), int(head_dim)) != (self.n_kv_heads, self.head_dim):
+            problems.append(f"kv heads x head_dim: model {n_kv_heads}x{head_dim} != cache "
+                            f"{self.n_kv_heads}x{self.head_dim}")
+        if problems:
+            raise ModelMismatchError("cache does not match the model: " + "; ".join(problems))
 
     def keys(self, layer: int) -> mx.array:
         """Live keys of ``layer``, ``(1, H_kv, n_past, D)``."""
@@ -152,12 +189,14 @@ class NexusCache:
             raise CacheError(f"layer {layer} is outside [0, {self.num_layers})")
 
     def _check_range(self, p0: int, p1: int) -> None:
-        if not (isinstance(p0, int | np.integer) and isinstance(p1, int | np.integer)):
-            raise CacheError(f"range bounds must be integers, got p0={p0!r}, p1={p1!r}")
+        if not (is_int(p0) and is_int(p1)):
+            raise CacheError(f"range bounds must be integers (not bool), got p0={p0!r}, p1={p1!r}")
         if p0 < 0 or p0 > p1 or p1 > self.n_past:
             raise CacheError(f"range [{p0}, {p1}) is not inside [0, n_past={self.n_past})")
 
     def _check_rows_fit(self, n_rows: int) -> None:
+        if not is_int(n_rows) or n_rows < 0:
+            raise CacheError(f"a row count must be a non-negative integer (not bool), got {n_rows!r}")
         if self.max_tokens is not None and n_rows > self.max_tokens:
             raise CacheError(
                 f"{n_rows} rows needed but the cache holds at most max_tokens={self.max_tokens}"
@@ -169,22 +208,15 @@ class NexusCache:
         """Validate a write of ``len(positions)`` tokens. ``rows`` None appends at ``n_past``.
 
         Rows may overwrite live rows or extend past ``n_past``, but the live rows afterwards
-        must be gap-free; rows must be distinct; positions must be in ``[0, 2**31)``.
+        must be gap-free; rows must be distinct; positions must be in ``[0, position_limit)``
+        and, together with the live rows that are not overwritten, distinct.
         """
-        pos = np.asarray(positions).reshape(-1)
-        if pos.size and not np.issubdtype(pos.dtype, np.integer):
-            raise PositionError(f"positions must be integers, got dtype {pos.dtype}")
-        pos = pos.astype(np.int64)
-        if pos.size and (pos.min() < 0 or pos.max() > MAX_POSITION):
-            bad = pos[(pos < 0) | (pos > MAX_POSITION)][0]
-            raise PositionError(f"position {int(bad)} is outside [0, {MAX_POSITION}]")
+        pos = int_array(positions, "positions", PositionError)
+        check_positions(pos, self.position_limit)
         if rows is None:
             row_arr = np.arange(self.n_past, self.n_past + pos.size, dtype=np.int64)
         else:
-            row_arr = np.asarray(rows).reshape(-1)
-            if row_arr.size and not np.issubdtype(row_arr.dtype, np.integer):
-                raise CacheError(f"rows must be integers, got dtype {row_arr.dtype}")
-            row_arr = row_arr.astype(np.int64)
+            row_arr = int_array(rows, "rows", CacheError)
         if row_arr.size != pos.size:
             raise CacheError(f"{row_arr.size} rows for {pos.size} positions")
         if row_arr.size == 0:
@@ -201,6 +233,9 @@ class NexusCache:
                 f"but the highest row is {int(row_arr.max())}"
             )
         self._check_rows_fit(n_after)
+        live = self._positions[: self.n_past]
+        overwritten = row_arr[row_arr < self.n_past]
+        check_distinct(np.delete(live, overwritten) if overwritten.size else live, pos)
         contiguous = bool(np.all(np.diff(row_arr) == 1))
         return WritePlan(row_arr, pos, n_after, contiguous)
 
@@ -237,18 +272,32 @@ class NexusCache:
 
     # ---- writes (used by the engine and by splice) --------------------------------------
     def commit_positions(self, plan: WritePlan, tokens: np.ndarray | None = None) -> None:
-        """Record a validated write's positions, token ids and cursor (reserving storage)."""
-        if tokens is not None and np.asarray(tokens).size != plan.rows.size:
-            raise CacheError(f"{np.asarray(tokens).size} token ids for {plan.rows.size} rows")
+        """Record a validated write's positions, token ids and cursor (reserving storage).
+
+        The plan is checked again against the cache as it is now (a stale plan is refused)."""
+        checked = self.plan_write(plan.rows, plan.positions)
+        if checked.n_past_after != plan.n_past_after:
+            raise CacheError(
+                f"stale write plan: it ends at n_past={plan.n_past_after}, the cache now gives "
+                f"{checked.n_past_after}"
+            )
+        ids = checked_tokens(tokens, plan.rows.size)
         self.reserve(plan.n_past_after)
         self._positions[plan.rows] = plan.positions
-        self._tokens[plan.rows] = -1 if tokens is None else np.asarray(tokens).reshape(-1)
+        self._tokens[plan.rows] = -1 if ids is None else ids
         self.n_past = plan.n_past_after
 
     def write_layer(self, layer: int, plan: WritePlan, k: mx.array, v: mx.array) -> None:
-        """Write ``k, v (1, H_kv, T, D)`` into the rows of ``plan`` for one layer."""
+        """Write ``k, v (1, H_kv, T, D)`` into the rows of ``plan`` for one layer (after
+        :meth:`commit_positions` recorded the plan)."""
+        self._check_layer(layer)
         if plan.rows.size == 0:
             return
+        if plan.n_past_after > self.n_past:
+            raise CacheError("commit the plan's positions (commit_positions) before its K/V")
+        want = (1, self.n_kv_heads, plan.rows.size, self.head_dim)
+        if tuple(k.shape) != want or tuple(v.shape) != want:
+            raise CacheError(f"layer {layer}: K {k.shape} / V {v.shape}, expected {want}")
         k = k.astype(self.dtype)
         v = v.astype(self.dtype)
         if plan.contiguous:
@@ -277,8 +326,7 @@ class NexusCache:
         """Write precomputed K/V (one ``(1, H_kv, T, D)`` pair per layer) at ``rows``, with
         their token ids if known."""
         plan = self.plan_write(rows, positions)
-        if tokens is not None and np.asarray(tokens).size != plan.rows.size:
-            raise CacheError(f"{np.asarray(tokens).size} token ids for {plan.rows.size} rows")
+        ids = checked_tokens(tokens, plan.rows.size)
         if len(keys) != self.num_layers or len(values) != self.num_layers:
             raise CacheError(
                 f"need K and V for {self.num_layers} layers, got {len(keys)} and {len(values)}"
@@ -287,10 +335,51 @@ class NexusCache:
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             if tuple(k.shape) != want or tuple(v.shape) != want:
                 raise CacheError(f"layer {i}: K {k.shape} / V {v.shape}, expected {want}")
-        self.commit_positions(plan, None if tokens is None else np.asarray(tokens))
-        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-            self.write_layer(i, plan, k, v)
+        with self.transaction():  # only rows past n_past are written: restoring metadata suffices
+            self.commit_positions(plan, ids)
+            for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                self.write_layer(i, plan, k, v)
         return plan
+
+    # ---- rollback -------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self, rows: np.ndarray | Sequence[int] = ()) -> Iterator[None]:
+        """Restore the cache's live state if the block raises.
+
+        Saves ``n_past``, positions, token ids, the storage arrays and the K/V of the given
+        live ``rows`` (evaluated copies of those rows only, so the big buffers can still be
+        written in place); on an exception they are put back and the exception propagates.
+        The block may overwrite only ``rows`` among the live rows (anything past ``n_past`` is
+        free); callers validate first, so this guards the apply phase against failures no
+        plan can foresee (out of memory, an interrupted evaluation, a bug).
+        """
+        saved_rows = int_array(rows, "rows", CacheError)
+        if saved_rows.size and (saved_rows.min() < 0 or saved_rows.max() >= self.n_past):
+            raise CacheError(f"rows to save must lie in [0, n_past={self.n_past})")
+        state = (self.n_past, self.capacity, self._positions.copy(), self._tokens.copy(),
+                 list(self._keys), list(self._values))
+        saved: list[tuple[mx.array, mx.array]] = []
+        if saved_rows.size:
+            idx = mx.array(saved_rows.astype(np.int32))
+            v_axis = -1 if self.v_layout == "transposed" else 2
+            saved = [(mx.take(k, idx, axis=2), mx.take(v, idx, axis=v_axis))
+                     for k, v in zip(self._keys, self._values, strict=True)]
+            mx.eval(saved)
+        try:
+            yield
+        except BaseException:
+            (self.n_past, self.capacity, self._positions, self._tokens,
+             self._keys, self._values) = state
+            if saved:
+                idx = mx.array(saved_rows.astype(np.int32))
+                for layer, (k, v) in enumerate(saved):
+                    self._keys[layer][:, :, idx, :] = k
+                    if self.v_layout == "transposed":
+                        self._values[layer][..., idx] = v
+                    else:
+                        self._values[layer][:, :, idx, :] = v
+                self.evaluate()
+            raise
 
     # ---- range operations ---------------------------------------------------------------
     def remove(self, p0: int, p1: int) -> None:
@@ -313,27 +402,35 @@ class NexusCache:
         self.n_past -= n
 
     def shift(self, p0: int, p1: int, delta: int) -> None:
-        """Move rows ``[p0, p1)`` by ``delta`` positions, re-rotating their keys exactly."""
+        """Move rows ``[p0, p1)`` by ``delta`` positions, re-rotating their keys by ``delta``.
+
+        One shift matches a fresh rotation at the new positions up to float32 rounding;
+        repeated shifts accumulate that rounding (see the module docstring)."""
         self._check_range(p0, p1)
-        if not isinstance(delta, int | np.integer):
-            raise CacheError(f"delta must be an integer, got {delta!r}")
+        if not is_int(delta):
+            raise CacheError(f"delta must be an integer (not bool), got {delta!r}")
         if p0 == p1 or delta == 0:
             return
+        if not self.can_shift():
+            raise CacheError("this cache's RoPE specs cannot re-rotate keys")
         moved = self._positions[p0:p1] + int(delta)
-        if moved.min() < 0 or moved.max() > MAX_POSITION:
-            raise PositionError(
-                f"shifting rows [{p0}, {p1}) by {delta} gives positions in "
-                f"[{int(moved.min())}, {int(moved.max())}], outside [0, {MAX_POSITION}]"
-            )
-        for layer, spec in enumerate(self.rope_specs):
-            k = self._keys[layer]
-            k[:, :, p0:p1, :] = reanchor(k[:, :, p0:p1, :], int(delta), spec)
+        check_positions(moved, self.position_limit,
+                        f"shifting rows [{p0}, {p1}) by {delta} gives position")
+        others = np.concatenate([self._positions[:p0], self._positions[p1 : self.n_past]])
+        check_distinct(others, moved)
+        # plan: every new key block is built (lazily) before the first one is stored
+        rotated = [
+            reanchor(self._keys[layer][:, :, p0:p1, :], int(delta), spec)
+            for layer, spec in enumerate(self.rope_specs)
+        ]
+        for layer, k in enumerate(rotated):
+            self._keys[layer][:, :, p0:p1, :] = k
         self._positions[p0:p1] = moved
 
     def trim(self, n: int) -> None:
         """Keep only rows ``[0, n)``."""
         self._check_range(n, self.n_past)
-        self.n_past = n
+        self.n_past = int(n)
 
     def fork(self, p0: int = 0, p1: int | None = None) -> NexusCache:
         """A new cache holding a copy of rows ``[p0, p1)`` (default: all live rows)."""
@@ -363,27 +460,12 @@ class NexusCache:
         """An independent copy of the whole cache."""
         return self.fork()
 
-    # ---- mlx-lm interoperability --------------------------------------------------------
+    # ---- mlx-lm interoperability (:mod:`nexus_mlx.kv.interop`) --------------------------
     def to_mlx_lm(self, model: Any) -> list[Any]:
-        """mlx-lm caches (``model.make_cache()`` or KVCache list) holding the same rows.
+        """mlx-lm caches holding the same rows (positions must be exactly ``0..n_past-1``)."""
+        from nexus_mlx.kv.interop import to_mlx_lm
 
-        mlx-lm caches know only an offset, so positions must be exactly ``0..n_past-1``.
-        """
-        if not np.array_equal(self.positions, np.arange(self.n_past)):
-            raise CacheError(
-                "mlx-lm caches need positions 0..n_past-1 in row order; this cache has "
-                f"positions {self.positions[:8].tolist()}..."
-            )
-        from mlx_lm.models.cache import make_prompt_cache
-
-        caches = make_prompt_cache(model)
-        if len(caches) != self.num_layers:
-            raise CacheError(f"model has {len(caches)} layers, cache has {self.num_layers}")
-        if self.n_past:
-            for layer, c in enumerate(caches):
-                c.update_and_fetch(self.keys(layer), self.values(layer))
-            mx.eval([c.keys for c in caches], [c.values for c in caches])
-        return caches
+        return to_mlx_lm(self, model)
 
     @classmethod
     def from_mlx_lm(
@@ -395,35 +477,6 @@ class NexusCache:
         max_tokens: int | None = None,
     ) -> NexusCache:
         """Build a nexus cache from mlx-lm ``KVCache`` objects (positions ``0..offset-1``)."""
-        if len(caches) != len(rope_specs):
-            raise CacheError(f"{len(caches)} caches for {len(rope_specs)} RoPE specs")
-        offsets = {int(c.offset) for c in caches}
-        if len(offsets) != 1:
-            raise CacheError(f"mlx-lm caches disagree on their offset: {sorted(offsets)}")
-        n = offsets.pop()
-        if n == 0:
-            raise CacheError("cannot infer the head shape from empty mlx-lm caches")
-        keys, values = [], []
-        for i, c in enumerate(caches):
-            if c.keys is None:
-                raise CacheError(f"layer {i}: cache has offset {c.offset} but no keys")
-            k, v = _live_rows(c)
-            if k.shape[2] != c.offset or k.shape[0] != 1:
-                raise CacheError(
-                    f"layer {i}: {type(c).__name__} holds {k.shape[2]} rows for offset "
-                    f"{c.offset} (rotated or batched caches cannot be converted)"
-                )
-            keys.append(k)
-            values.append(v)
-        first = keys[0]
-        out = cls(rope_specs, first.shape[1], first.shape[3], dtype=first.dtype,
-                  v_layout=v_layout, max_tokens=max_tokens)
-        out.write(np.arange(n), keys, values)
-        return out
+        from nexus_mlx.kv.interop import from_mlx_lm
 
-
-def _live_rows(c: Any) -> tuple[mx.array, mx.array]:
-    """The first ``offset`` rows an mlx-lm cache holds (a rotated cache holds fewer)."""
-    if hasattr(c, "keys_and_values"):
-        return c.keys_and_values()  # type: ignore[no-any-return]
-    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+        return from_mlx_lm(caches, rope_specs, v_layout=v_layout, max_tokens=max_tokens, cls=cls)

@@ -11,7 +11,14 @@ Contract:
 
 Angles are computed in float64 on the host and only the cos/sin tables are cast to the compute
 dtype. ``mx.fast.rope`` forms ``position * frequency`` in float32, whose rounding (~1e-4 rad at
-position 4,000) would make re-anchoring inexact; explicit tables make rotations compose exactly.
+position 4,000) would make re-anchoring inexact. With explicit tables the *angles* compose
+exactly: re-anchoring a key stored at ``p`` by ``d`` turns it by exactly the angle that separates
+``p`` from ``p + d``, so one re-anchor is within one float32 rotation's rounding (about an ulp
+of the key) of a fresh rotation at ``p + d``, whatever ``p`` and ``d``. The rotated *values* do
+not compose exactly: every ``reanchor`` of already rotated float32 keys rounds again, so ``n``
+successive re-anchors of the same keys (e.g. repeated cache shifts) drift by up to about
+``n * 2**-22 * max|x|``. Re-anchor once from the stored anchor (a compiled block's ``m0``) to
+stay within one rounding.
 The scaling variants follow the formulas mlx-lm implements (default, linear, llama3, yarn,
 longrope, proportional). Dynamic NTK is rejected: its frequencies depend on the sequence length,
 so a cached key has no single well-defined rotation.

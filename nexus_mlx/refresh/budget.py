@@ -21,6 +21,8 @@ def budget_tokens(suffix_length: int, budget_pct: float) -> int:
     """How many suffix positions a budget of ``budget_pct`` percent buys, exactly."""
     if suffix_length < 0:
         raise ArgumentError(f"suffix length must be >= 0, got {suffix_length}")
+    if isinstance(budget_pct, bool):
+        raise ArgumentError(f"budget must be a percentage in [0, 100], not a bool ({budget_pct!r})")
     if not (isinstance(budget_pct, int | float) and 0 <= budget_pct <= 100):
         raise ArgumentError(f"budget must be a percentage in [0, 100], got {budget_pct!r}")
     return min(suffix_length, math.ceil(Fraction(suffix_length) * Fraction(budget_pct) / 100))

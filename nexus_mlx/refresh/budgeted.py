@@ -4,10 +4,16 @@ Contract: ``repair(model, cache, edit, query, budget=5.0, allocator="sur", execu
 shifts out ``edit``'s rows, asks the allocator for exactly ``B = budget_tokens(S, budget)``
 suffix positions, recomputes them with the executor, and returns a :class:`RepairResult` with
 the repaired cache, the chosen positions (suffix-relative and as cache rows), their maximal
-intervals and per-stage timings (selection, shift, refresh, in seconds). The input cache is left
-untouched unless ``in_place=True`` (then it ends up equal to the result's cache). ``budget=0``
-is Shift; ``budget=100`` is Replay. The query is what the allocators score relevance against;
-it is *not* written into the cache. An edit whose suffix is empty returns the shifted cache.
+intervals and per-stage timings (selection, shift, refresh, in seconds). ``budget=0`` is Shift;
+``budget=100`` is Replay. The query is what the allocators score relevance against; it is *not*
+written into the cache. An edit whose suffix is empty returns the shifted cache.
+
+Plan -> apply: the edit, executor, allocator name, query, budget (a number in [0, 100], not a
+bool), ``in_place`` (a bool), the cache against the model and the suffix's token ids are all
+checked before anything runs; the shift, the allocation and the refresh then run on a copy.
+The input cache is left untouched unless ``in_place=True`` and the whole repair succeeded:
+then the copy's state is moved into it and ``result.cache`` *is* the input cache. A repair that
+raises at any stage leaves the input exactly as it was.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.errors import CacheError, TokenError
+from nexus_mlx.errors import ArgumentError, CacheError, TokenError
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens, intervals
 from nexus_mlx.refresh.edit import Edit, shift
@@ -51,7 +58,8 @@ def _query_array(tokenizer: Any, query: str | Sequence[int]) -> np.ndarray:
 
 
 def _install(target: NexusCache, source: NexusCache) -> None:
-    """Make ``target`` hold exactly ``source``'s state (for in-place repair)."""
+    """Make ``target`` hold exactly ``source``'s state (for in-place repair); ``source`` must
+    not be used afterwards (the two would share storage)."""
     target.__dict__.update(source.__dict__)
 
 
@@ -70,16 +78,26 @@ def repair(
     **options: Any,
 ) -> RepairResult:
     """Delete ``edit`` from ``cache`` and refresh ``budget`` percent of the suffix."""
+    # ---- plan: every check before any work --------------------------------------------------
+    if not isinstance(edit, Edit):
+        raise ArgumentError(f"edit must be an Edit, got {type(edit).__name__}")
     edit.check(cache)
-    if executor not in EXECUTORS:
+    if not isinstance(executor, str) or executor not in EXECUTORS:
         raise CacheError(f"executor {executor!r} is not one of {EXECUTORS}")
+    if not isinstance(in_place, bool):
+        raise ArgumentError(f"in_place must be a bool, got {in_place!r}")
     allocate = get_allocator(allocator)
     query_tokens = _query_array(tokenizer, query)
     s = edit.suffix_length(cache)
-    b = budget_tokens(s, budget)
+    b = budget_tokens(s, budget)  # ArgumentError for bools, NaN, values outside [0, 100]
+    plan = model_plan(model)
+    cache.check_compatible(plan.rope_specs, plan.n_kv_heads, plan.head_dim)
+    if b and (cache.tokens[edit.p1 :] < 0).any():
+        raise CacheError("the suffix has rows without token ids; cannot recompute them")
     timings: dict[str, float] = {}
     cache.evaluate()  # pending lazy work on the input cache is not the repair's cost
 
+    # ---- apply, on a copy -------------------------------------------------------------------
     start = time.perf_counter()
     shifted = shift(cache, edit)
     shifted.evaluate()
@@ -94,6 +112,8 @@ def repair(
     start = time.perf_counter()
     refresh(model, shifted, rows, executor)
     timings["refresh"] = time.perf_counter() - start
+    out = shifted
     if in_place:
         _install(cache, shifted)
-    return RepairResult(shifted, selected, rows, intervals(rows), s, b, timings)
+        out = cache
+    return RepairResult(out, selected, rows, intervals(rows), s, b, timings)

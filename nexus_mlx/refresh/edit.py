@@ -2,14 +2,17 @@
 
 Contract: an :class:`Edit` names the cache rows ``[p0, p1)`` of the deleted span ``e``; rows
 before it are the valid prefix ``p`` and rows from ``p1`` to ``n_past`` are the suffix ``s``,
-whose cached K/V still encode ``e``. Each operator returns a *new* cache (the input is never
-modified) holding the edited context:
+whose cached K/V still encode ``e``. Each operator validates the edit (integer bounds, not
+bools; a non-empty span of live rows; a cache holding one linear context) and its other
+arguments first, then works on a copy and returns it as a *new* cache: the input is never
+modified, whether the operator succeeds or raises. The edited context:
 
 - ``dirty``: the untreated reference; ``e`` stays in the cache (a copy).
 - ``shift``: ``e``'s rows removed, suffix positions moved down by ``|e|`` with keys re-rotated
-  exactly; V unchanged. The suffix is stale but correctly placed.
+  by ``-|e|`` (one float32 rotation, see :mod:`nexus_mlx.kv.cache`); V unchanged. The suffix is
+  stale but correctly placed: not exact, only its layer-0 K/V equal a re-prefill's.
 - ``replay``: ``shift``, then every suffix row recomputed through all layers from the valid
-  prefix (budget 100%).
+  prefix (budget 100%): equal to ``reprefill`` within float32 rounding.
 - ``reprefill``: the edited token sequence prefilled from an empty cache (the gold reference).
 
 It does not choose which rows to recompute (``repair.allocators``) nor how (``repair.executors``).
@@ -24,8 +27,9 @@ import numpy as np
 
 from nexus_mlx.errors import CacheError
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.kv.checks import is_int
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.refresh.executors import refresh
+from nexus_mlx.refresh.executors import EXECUTORS, refresh
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,10 @@ class Edit:
     def check(self, cache: NexusCache) -> None:
         """Raise :class:`CacheError` unless ``[p0, p1)`` is a non-empty span of live rows and
         the cache's positions are ``0..n_past-1`` (one linear context)."""
-        if not (isinstance(self.p0, int | np.integer) and isinstance(self.p1, int | np.integer)):
-            raise CacheError(f"edit bounds must be integers, got p0={self.p0!r}, p1={self.p1!r}")
+        if not (is_int(self.p0) and is_int(self.p1)):
+            raise CacheError(
+                f"edit bounds must be integers (not bool), got p0={self.p0!r}, p1={self.p1!r}"
+            )
         if not 0 <= self.p0 < self.p1 <= cache.n_past:
             raise CacheError(
                 f"edit [{self.p0}, {self.p1}) is not a non-empty span inside [0, n_past={cache.n_past})"
@@ -72,6 +78,11 @@ def shift(cache: NexusCache, edit: Edit) -> NexusCache:
 
 def replay(model: nn.Module, cache: NexusCache, edit: Edit, executor: str = "packed") -> NexusCache:
     """Shift, then recompute every suffix row from the valid prefix."""
+    if not isinstance(executor, str) or executor not in EXECUTORS:
+        raise CacheError(f"executor {executor!r} is not one of {EXECUTORS}")
+    edit.check(cache)
+    if (cache.tokens[edit.p1 :] < 0).any():
+        raise CacheError("the suffix has rows without token ids; cannot recompute it")
     out = shift(cache, edit)
     refresh(model, out, np.arange(edit.p0, out.n_past), executor)
     return out
