@@ -5,7 +5,10 @@ Contract: importing this module makes ``nexus_mlx`` importable (adds the reposit
 ...`` before ``import mlx.core`` gets the optimized BLAS. It provides timing (``time_ms``),
 bootstrap statistics (``median_ci``, ``ratio_ci``), machine description (``machine_info``) and the
 result protocol: ``emit`` writes ``results/<name>.json`` (``results/quick/`` with ``--quick``) and
-prints the same object as one JSON line, the script's last stdout line.
+prints the same object as one JSON line, the script's last stdout line. ``shared_data(...)`` is
+the one spelling of the shared data folder (``../shared/data`` beside the repository), and
+``paper_reference()`` reads ``bench/paper_reference.json``, the one copy of the papers' numbers
+(JSON only: the report reads it without loading a model).
 
 It does not know what is being benchmarked; ``time_ms`` only calls ``fn``, which must force its own
 outputs (``mx.eval``) so lazy MLX work is inside the timed region.
@@ -24,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +39,21 @@ import nexus_mlx  # noqa: E402  (must be imported before mlx: it loads the fast 
 from nexus_mlx._platform.blas import BLAS_STATUS
 
 _ENV_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "NEXUS_MLX_BLAS")
+PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
+
+
+def shared_data(*parts: str) -> Path:
+    """``../shared/data`` beside the repository (the data sets every benchmark reads), or the
+    path ``parts`` name inside it."""
+    return ROOT.parent.joinpath("shared", "data", *parts)
+
+
+def paper_reference() -> dict[str, dict[str, Any]]:
+    """``bench/paper_reference.json`` by benchmark name (its ``_about`` note left out): each
+    entry's ``source`` (which paper and table), ``summary`` (the report's citation line) and
+    ``values`` (the numbers). Read afresh on every call, so callers may keep or change it."""
+    data = json.loads(PAPER_REFERENCE.read_text(encoding="utf-8"))
+    return {name: entry for name, entry in data.items() if not name.startswith("_")}
 
 
 def _version(dist: str) -> str | None:

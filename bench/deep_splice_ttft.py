@@ -22,7 +22,7 @@ JSON ``{"cells": [{"n_past", "K", "curve", "R_pct", "recomputed", "prefill_ms", 
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit, median_ci, paper_reference, ratio_ci  # first: loads nexus_mlx + fast BLAS
 
 import os
 import time
@@ -38,17 +38,17 @@ from splice_workload import (
     REQUESTS,
     context_ids,
     load_tools,
-    next_token_kl,
     query_ids,
     schema_text,
     system_ids,
 )
 
 from nexus_mlx import NexusCache, forward, load, make_cache
-from nexus_mlx.blocks.atb import CompiledBlock
+from nexus_mlx.blocks.block import CompiledBlock
 from nexus_mlx.blocks.compile import compile_block
 from nexus_mlx.blocks.curve import Curve
 from nexus_mlx.blocks.splicing import SpliceResult, splice
+from nexus_mlx.metrics import next_token_kl, top1_agreement
 
 NAME = "deep_splice_ttft"
 TOOL = "add_sub_issue"
@@ -57,7 +57,7 @@ QUICK_DEPTHS = [256, 512]
 TRIALS, QUICK_TRIALS = 15, 3
 WARMUP_ROUNDS = 1  # after the untimed correctness round
 EXACT_TOL = 1e-3  # max |logit difference| when an arm recomputes the whole block
-PAPER: dict[str, dict[str, Any]] = {"K=4": {"256": 1.63, "512": 1.24, ">=1024": [0.98, 1.00]}, "K=16": {"range": [1.07, 1.73]}}
+PAPER: dict[str, dict[str, Any]] = paper_reference()[NAME]["values"]  # speedups by K and n_past
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,8 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
     for rep in repairs:
         res = results[rep.name]
         assert res is not None
-        kl, same = next_token_kl(logits["prefill"], logits[rep.name])
+        kl = next_token_kl(logits["prefill"], logits[rep.name])
+        same = top1_agreement(logits["prefill"], logits[rep.name])
         med, lo, hi = median_ci(times[rep.name])
         speedup, s_lo, s_hi = ratio_ci(times["prefill"], times[rep.name])
         stage_ms = {k: float(np.median([t.get(k, 0.0) for t in stages[rep.name]]) * 1e3)

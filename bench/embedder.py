@@ -10,7 +10,7 @@ size the median texts/s and tokens/s with bootstrap CIs, plus load time, token-c
 and machine info. No PNG: matplotlib is not installed here.
 """
 
-from common import ROOT, arg_parser, emit, median_ci, time_ms  # noqa: I001  (before mlx)
+from common import arg_parser, emit, median_ci, shared_data, time_ms  # noqa: I001  (before mlx)
 
 import functools
 import json
@@ -21,7 +21,7 @@ import numpy as np
 
 from nexus_mlx.routing.embedder import Embedder
 
-DATA = ROOT.parent / "shared" / "data" / "seal-tools" / "tool.jsonl"
+DATA = shared_data("seal-tools", "tool.jsonl")
 BATCH_SIZES = (16, 64)
 
 

@@ -22,7 +22,7 @@ JSON ``{"rows": [{"n_past", "context", "spearman", "spearman_ci", "depth_spearma
 
 from __future__ import annotations
 
-from common import arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit, paper_reference  # first: loads nexus_mlx + fast BLAS
 
 from typing import Any
 
@@ -42,7 +42,7 @@ CONTEXTS = {"on": "system prompt + GitHub conversation", "off": "unrelated prose
 TOOLS = ["add_sub_issue", "create_issue", "push_files"]
 QUICK_TOOLS = TOOLS[:1]
 FIRST_LAYER = 1  # layer 0 drifts by construction not at all
-PAPER_SPEARMAN = 0.193
+PAPER_SPEARMAN = paper_reference()[NAME]["values"]["spearman"]
 N_BOOT = 2000
 
 

@@ -19,12 +19,11 @@ hi]}, "loadavg"}. The machine's load is recorded because other jobs share its tw
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit, median_ci, shared_data  # first: loads nexus_mlx + fast BLAS
 
 import os
 import random
 import time
-from pathlib import Path
 
 import llguidance
 import llguidance.numpy
@@ -32,7 +31,8 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.tools.registry import load_tools
-from nexus_mlx.decode.json_constraint import JsonConstraint, check_arguments, compile_schema, ll_tokenizer
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
+from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.tool_call import NAME_GLUE
 from nexus_mlx.models.gguf_format import parse_gguf
@@ -40,7 +40,7 @@ from nexus_mlx.models.gguf_tokenizer import build_tokenizer
 from nexus_mlx.models.packages import resolve_package_spec
 
 NAME = "micro_masks"
-GITHUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
+GITHUB = shared_data("github-mcp", "tools.json")
 
 
 def _us(fn) -> float:

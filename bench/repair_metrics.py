@@ -8,10 +8,10 @@ Contract (import after ``common``, which loads ``nexus_mlx`` and the fast BLAS f
 - ``answer_logprobs(model, cache, query, answer)``: teacher-forced log-probabilities
   ``(A, V)`` of the ``A`` positions that predict ``answer`` after ``query`` (row 0 predicts
   the first answer token: "the answer position"). The cache is not modified.
-- ``greedy(model, cache, query, ...)``: greedy continuation ids after ``query`` (on a copy).
-- ``evaluate_arm``: KL(p_ref || p_arm) at the answer position, top-1 agreement with the
-  reference's greedy answer over its tokens (teacher-forced), and the arm's own greedy answer
-  (taken from the teacher-forced pass when every top-1 matches, decoded otherwise).
+- ``evaluate_arm``: KL(p_ref || p_arm) at the answer position (``nexus_mlx.metrics``), top-1
+  agreement with the reference's greedy answer over its tokens (teacher-forced), and the arm's
+  own greedy answer (taken from the teacher-forced pass when every top-1 matches, decoded with
+  ``greedy_continuation`` on a copy of the cache otherwise).
 - ``kv_deviation(cache, ref, start)``: mean over layers of ``||K - K_ref|| / ||K_ref||`` and
   the same for V (Frobenius norms over rows ``[start, n_past)``), averaged over K and V.
 
@@ -27,8 +27,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.decode.generate import greedy_continuation
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.metrics import kl_from_logprobs
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.refresh import Edit
 from nexus_mlx.refresh.edit import edited_tokens
@@ -64,27 +65,6 @@ def answer_logprobs(
     return np.array(logp.astype(mx.float32))
 
 
-def greedy(
-    model: nn.Module,
-    cache: NexusCache,
-    query: Sequence[int] | np.ndarray,
-    max_tokens: int,
-    stop_ids: set[int],
-) -> list[int]:
-    """Greedy continuation after ``query`` on a copy of ``cache`` (stops at ``stop_ids``)."""
-    out = []
-    for tok in generate_tokens(model, [int(t) for t in query], cache.copy(),
-                               max_tokens=max_tokens, eos_token_ids=stop_ids):
-        out.append(tok)
-    return out
-
-
-def kl(ref_logp: np.ndarray, arm_logp: np.ndarray) -> float:
-    """KL(p_ref || p_arm) in nats for one position's log-probs ``(V,)``."""
-    p = np.exp(ref_logp.astype(np.float64))
-    return float(np.sum(p * (ref_logp.astype(np.float64) - arm_logp.astype(np.float64))))
-
-
 @dataclass(frozen=True)
 class ArmEval:
     kl: float  # at the answer position
@@ -109,8 +89,8 @@ def evaluate_arm(
     if ref_answer and matches.all():
         tokens = list(ref_answer)
     else:
-        tokens = greedy(model, cache, query, max_tokens, stop_ids)
-    return ArmEval(kl(ref_logp[0], logp[0]), agree, tokens)
+        tokens = greedy_continuation(model, query, cache.copy(), max_tokens, stop_ids)
+    return ArmEval(kl_from_logprobs(ref_logp[0], logp[0]), agree, tokens)
 
 
 def kv_deviation(cache: NexusCache, ref: NexusCache, start: int) -> float:

@@ -25,10 +25,11 @@ import time
 import numpy as np
 
 from nexus_mlx import load
+from nexus_mlx.decode.generate import greedy_continuation
 from nexus_mlx.refresh import dirty, repair, replay, shift
 from nexus_mlx.refresh.allocators import ALLOCATORS, _load_builtin
 from tasks.niah import NiahSpec, niah_cases, score
-from repair_metrics import answer_logprobs, evaluate_arm, greedy, kv_deviation, prefill
+from repair_metrics import answer_logprobs, evaluate_arm, kv_deviation, prefill
 
 ALLOCATOR_NAMES = (
     "sur", "dense_tokens", "single_window", "bm25_units", "random_units", "prophetkv", "infoflow",
@@ -121,7 +122,7 @@ def run_case(model, tokenizer, case, references, names, budgets, stop):
     edit, query = case.edit, case.query
     question = tokenizer.encode(case.question, add_special_tokens=False)
     gold = prefill(model, np.concatenate([case.tokens[: edit.p0], case.tokens[edit.p1 :]]))
-    ref_answer = greedy(model, gold, query, MAX_ANSWER, stop)
+    ref_answer = greedy_continuation(model, query, gold.copy(), MAX_ANSWER, stop)
     ref_logp = answer_logprobs(model, gold, query, ref_answer)
     needs_dirty = bool(names) or any(r != "reprefill" for r in references)
     cache = prefill(model, case.tokens) if needs_dirty else gold

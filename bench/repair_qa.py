@@ -15,7 +15,7 @@ Options: --data PATH (repeatable; default both shared files), --cases N (per fil
 
 from __future__ import annotations
 
-from common import ROOT, arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit, shared_data  # first: loads nexus_mlx + fast BLAS
 
 import time
 from pathlib import Path
@@ -23,24 +23,18 @@ from pathlib import Path
 import numpy as np
 
 from nexus_mlx import load
-from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.decode.generate import greedy_continuation
 from nexus_mlx.refresh import repair, replay, shift
 from nexus_mlx.refresh.allocators import ALLOCATORS, _load_builtin
 from tasks.multihop import build_case, exact_match, load_items, normalize_answer, prediction_text
 from repair_metrics import prefill
 
-DATA = ROOT.parent / "shared" / "data" / "multihop"
+DATA = shared_data("multihop")
 DEFAULT_FILES = (DATA / "hotpotqa_dev50.json", DATA / "musique_dev50.json")
 ALLOCATOR_NAMES = ("sur", "bm25_units", "cacheblend", "infoflow", "prophetkv")
 BUDGETS = (2, 5)
 MAX_ANSWER = 16
 N_BOOT = 2000
-
-
-def _answer(model, cache, query, stop) -> list[int]:
-    """Greedy answer after ``query``, written into ``cache`` (it is not reused)."""
-    return list(generate_tokens(model, [int(t) for t in query], cache, max_tokens=MAX_ANSWER,
-                                eos_token_ids=stop))
 
 
 def run_method(model, tokenizer, case, cache, method: str, budget: float | None, stop):
@@ -57,7 +51,7 @@ def run_method(model, tokenizer, case, cache, method: str, budget: float | None,
         repaired = replay(model, cache, edit)
     else:
         repaired = repair(model, cache, edit, question, budget, method, tokenizer=tokenizer).cache
-    tokens = _answer(model, repaired, case.query, stop)
+    tokens = greedy_continuation(model, case.query, repaired, MAX_ANSWER, stop)  # not reused
     seconds = time.perf_counter() - start
     return tokenizer.decode(tokens), seconds
 

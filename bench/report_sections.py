@@ -1,15 +1,18 @@
 """One renderer per benchmark section of the report, and the papers' own numbers.
 
 Contract: each ``_name(d)`` turns one result JSON (the contract in ``bench/<name>.py``) into
-markdown lines of measured values next to :data:`PAPER`'s hard-coded paper values. Missing keys
-render as ``n/a``; renderers never raise on partial JSON. It does not read files or order
-sections (:mod:`report` does).
+markdown lines of measured values next to the papers' values, which come from their one copy,
+``bench/paper_reference.json`` (read once at import through ``common.paper_reference``;
+:data:`PAPER` holds each section's citation line). Missing keys render as ``n/a``; renderers
+never raise on partial JSON. It reads no result files and does not order sections (:mod:`report`
+does).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from common import paper_reference
 from report_format import (
     NA,
     as_float,
@@ -28,34 +31,27 @@ from report_format import (
     table,
 )
 
-# The papers' headline numbers (Paper 1: Nexus, Qwen2.5-14B Q4_K_M on an M4 Max; Paper 2: SUR).
-PAPER: dict[str, str] = {
-    "routing_accuracy": "Paper 1 (Nexus), Fig. 1: routing accuracy 89% at 250 tools; "
-    "concatenating every schema into the prompt overflows the context from 50 tools on.",
-    "gating_nogo": "Paper 1, Table II: a reference-free drift proxy does not rank the true "
-    "splice drift (Spearman 0.193), so a drift-gated splice is a no-go.",
-    "deep_splice_ttft": "Paper 1, Table III: deep-splice TTFT speedup over re-prefill, K=4: "
-    "1.63x at n_past 256, 1.24x at 512, 0.98-1.00x at >= 1024; K=16 (flat): 1.73x down to 1.07x.",
-    "sidecar_accuracy": "Paper 1, Table IV: the first argument arrives 1.66x sooner than with a "
-    "full-schema re-prefill at ~80% token saving; compressed IR median 19 / p99 32 tokens.",
-    "dkl_sweep": "Paper 1, Fig. 5: bare-splice KL 0.008-0.038 nats with top-1 agreement 1.0 "
-    "over offsets 0-2048.",
-    "calibration": "Paper 1, routing: tau = 20th percentile of the margins of adversarial tool "
-    "pairs, ~20% fire rate.",
-    "repair_niah": "Paper 2 (SUR), Tables 2-6: 89.6-100% exact match at a 2% budget on "
-    "Erasing-NIAH across five models.",
-    "repair_qa": "Paper 2, Table 7: near re-prefill EM at a 5% budget, 1.16-1.43x faster "
-    "than re-prefill.",
-    "packed_refresh": "Paper 2, Table 8: the packed executor is up to 16.1x faster than "
-    "interval-by-interval replay at R = 16 intervals.",
-    "slb_latency": "Paper 1: SLB scan 8.25 us (C++) / 17.6 us (in situ) at 250 tools. Design "
-    "baseline (numpy, this kind of machine): N = 250 fp32 5.4 us, int8 56 us.",
-    "blas": "Design baseline: MLX's reference CPU BLAS takes ~3 s for an fp32 2048^3 matmul vs "
-    "0.06 s in numpy; the target is a ratio <= 2.",
-    "l0_radix": "Design baseline: copying a 235-token schema's K/V (10.8 MB) takes ~6 ms vs "
-    "~1,310 ms to prefill it with its history.",
-}
-TTFT_K4 = {256: "1.63", 512: "1.24"}
+# The papers' numbers, from their one copy (bench/paper_reference.json): the citation line of
+# each benchmark's section, and the values its "paper" cells show.
+REFERENCE = paper_reference()
+PAPER: dict[str, str] = {name: entry["summary"] for name, entry in REFERENCE.items()}
+
+
+def _paper(name: str) -> dict[str, Any]:
+    """The paper values of benchmark ``name`` (``values`` in ``bench/paper_reference.json``)."""
+    values: dict[str, Any] = REFERENCE[name]["values"]
+    return values
+
+
+def _num(value: Any, spec: str) -> str:
+    """A paper value in a fixed format (``g``: as written, ``19`` not ``19.0``)."""
+    return format(float(value), spec)
+
+
+def _span(values: Any, spec: str) -> str:
+    """A paper range ``[lo, hi]`` as ``lo-hi``."""
+    lo, hi = values
+    return f"{_num(lo, spec)}-{_num(hi, spec)}"
 
 
 # ---- sections: paper 1 --------------------------------------------------------------------------
@@ -69,10 +65,13 @@ def _oracle(value: Any) -> str:
 
 
 def routing_section(d: dict[str, Any]) -> list[str]:
+    ref = _paper("routing_accuracy")
     rows = []
     for c in sort_by(records(d.get("cells")), "N"):
         n = number(c.get("N"))
-        paper = "0.89" if n == 250 else "concat-all overflows" if n is not None and n >= 50 else ""
+        overflows = n is not None and n >= ref["concat_all_overflows_from_tools"]
+        paper = (_num(ref["accuracy"], "g") if n == ref["tools"]
+                 else "concat-all overflows" if overflows else "")
         rows.append([fmt(c.get("N")), fmt(c.get("accuracy")), fmt_ci(c.get("ci")),
                      fmt(c.get("top1_recall")), fmt(c.get("top3_recall")),
                      fmt(c.get("fire_rate")), _oracle(c.get("oracle")), paper])
@@ -99,7 +98,8 @@ def fusion_section(d: dict[str, Any]) -> list[str]:
 
 def gating_section(d: dict[str, Any]) -> list[str]:
     lines = table(["metric", "measured", "paper"],
-                  [["mean Spearman (proxy vs true drift)", fmt(d.get("mean_spearman")), "0.193"]])
+                  [["mean Spearman (proxy vs true drift)", fmt(d.get("mean_spearman")),
+                    _num(_paper("gating_nogo")["spearman"], "g")]])
     rows = [[fmt(r.get("n_past")), fmt(r.get("context")), fmt(r.get("spearman")),
              fmt_ci(r.get("spearman_ci")), fmt(r.get("depth_spearman")), fmt(r.get("heads")),
              fmt(r.get("drift_median"), ".4f"), fmt(r.get("drift_max"), ".4f")]
@@ -109,11 +109,16 @@ def gating_section(d: dict[str, Any]) -> list[str]:
 
 
 def _ttft_paper(k: Any, n_past: Any) -> str:
+    ref = _paper("deep_splice_ttft")
     k, n = number(k), number(n_past)
     if k == 4 and n is not None:
-        return "0.98-1.00" if n >= 1024 else TTFT_K4.get(int(n), "")
-    if k == 16 and n is not None:
-        return "1.73" if n == 256 else "1.07-1.73 (range)"
+        k4 = ref["K=4"]
+        if n >= 1024:
+            return _span(k4[">=1024"], ".2f")
+        return _num(k4[str(int(n))], ".2f") if str(int(n)) in k4 else ""
+    if k == 16 and n is not None:  # the flat curve's best speedup is at the shallowest depth
+        flat = ref["K=16"]["range"]
+        return _num(flat[1], ".2f") if n == 256 else f"{_span(flat, '.2f')} (range)"
     return ""
 
 
@@ -138,38 +143,42 @@ def ttft_section(d: dict[str, Any]) -> list[str]:
                          "speedup", "95% CI", "top-1 ok", "KL (nats)", "paper speedup"], rows)
 
 
-SIDECAR_METRICS = (
+SIDECAR_METRICS = (  # (result key, label, format, paper value key or "")
     ("routing_acc", "routing accuracy", ".3f", ""),
     ("specified_arg_acc", "specified-argument accuracy", ".3f", ""),
     ("e2e_arg_acc", "end-to-end argument accuracy", ".3f", ""),
     ("json_valid", "valid JSON", ".3f", ""),
-    ("ir_tokens_median", "IR tokens, median", ".1f", "19"),
-    ("ir_tokens_p99", "IR tokens, p99", ".1f", "32"),
+    ("ir_tokens_median", "IR tokens, median", ".1f", "ir_tokens_median"),
+    ("ir_tokens_p99", "IR tokens, p99", ".1f", "ir_tokens_p99"),
     ("first_arg_ms_ir", "first argument, IR (ms)", ".1f", ""),
     ("first_arg_ms_full", "first argument, full schema (ms)", ".1f", ""),
-    ("speedup", "first-argument speedup", ".2f", "1.66"),
+    ("speedup", "first-argument speedup", ".2f", "speedup"),
 )
 
 
 def sidecar_section(d: dict[str, Any]) -> list[str]:
-    rows = [[label, fmt(d.get(key), spec), paper] for key, label, spec, paper in SIDECAR_METRICS]
+    ref = _paper("sidecar_accuracy")
+    rows = [[label, fmt(d.get(key), spec), _num(ref[paper], "g") if paper else ""]
+            for key, label, spec, paper in SIDECAR_METRICS]
     rows.append(["token saving (tool text: IR vs JSON definition)",
-                 fmt_pct(d.get("token_saving")), "~80%"])
+                 fmt_pct(d.get("token_saving")), f"~{float(ref['token_saving']):.0%}"])
     if "prompt_token_saving" in d:
         rows.append(["token saving (whole prompt)", fmt_pct(d.get("prompt_token_saving")), ""])
     return table(["metric", "measured", "paper"], rows)
 
 
 def dkl_section(d: dict[str, Any]) -> list[str]:
+    ref = _paper("dkl_sweep")
+    paper = f"{_span(ref['kl_range'], 'g')}, top-1 {_num(ref['top1'], '.1f')}"
     rows = [[fmt(r.get("offset")), fmt(r.get("path")), fmt(r.get("kl_median"), ".4f"),
              fmt_ci(r.get("kl_ci"), ".4f"), fmt(r.get("kl_max"), ".4f"), fmt(r.get("top1")),
-             "0.008-0.038, top-1 1.0"]
+             paper]
             for r in sort_by(records(d.get("rows")), "offset")]
     kls = [x for r in records(d.get("rows")) if (x := number(r.get("kl_median"))) is not None
            and number(r.get("offset")) != 0]
     span = f"{min(kls):.4f}-{max(kls):.4f}" if kls else NA
     head = [f"Metric: {fmt(d.get('metric'))}. Median KL over offsets > 0: {span} nats "
-            "(paper: 0.008-0.038).", ""]
+            f"(paper: {_span(ref['kl_range'], 'g')}).", ""]
     return head + table(["offset", "path", "KL median", "95% CI", "KL max", "top-1",
                          "paper (KL nats, top-1)"], rows)
 
@@ -188,7 +197,8 @@ def calibration_section(d: dict[str, Any]) -> list[str]:
                              fmt(c.get("errors_escalated"))])
     if not rows:  # an older layout: its scalar fields
         return table(["field", "measured"], scalar_rows(d))
-    head = ["tau = 20th percentile of adversarial margins (paper: ~20% fire rate). `tools`: "
+    fire = float(_paper("calibration")["fire_rate"])
+    head = [f"tau = 20th percentile of adversarial margins (paper: ~{fire:.0%} fire rate). `tools`: "
             "the registry's own tool texts stand in for queries (the library default); "
             "`heldout`: unlabeled held-out queries.", ""]
     return head + table(["registry", "tools", "calibrated on", "tau", "adversarial",
@@ -217,7 +227,9 @@ def niah_section(d: dict[str, Any]) -> list[str]:
     budgets = sorted({b for a in allocs for b in sorted_keys(get(d, "allocators", a))}, key=order_key)
     pivot = [[cell(a)] + [fmt(get(d, "allocators", a, b, "em")) for b in budgets] for a in allocs]
     if budgets:
-        pivot.append(["paper (SUR)"] + ["0.896-1.000" if as_float(b) == 2 else ""
+        ref = _paper("repair_niah")
+        pivot.append(["paper (SUR)"] + [_span(ref["em_range"], ".3f")
+                                        if as_float(b) == ref["budget_pct"] else ""
                                         for b in budgets])
     lines += ["Exact match by allocator and budget (% of the suffix):", ""]
     lines += table(["allocator"] + [f"{b}%" for b in budgets], pivot if allocs else [])
@@ -238,8 +250,9 @@ def niah_section(d: dict[str, Any]) -> list[str]:
 
 
 def _qa_paper(method: Any, budget: Any) -> str:
-    if method == "sur" and number(budget) == 5:
-        return "EM ~ re-prefill, 1.16-1.43x"
+    ref = _paper("repair_qa")
+    if method == ref["method"] and number(budget) == ref["budget_pct"]:
+        return f"EM ~ re-prefill, {_span(ref['speedup_range'], '.2f')}x"
     return ""
 
 
@@ -258,10 +271,12 @@ def qa_section(d: dict[str, Any]) -> list[str]:
 
 
 def packed_section(d: dict[str, Any]) -> list[str]:
+    ref = _paper("packed_refresh")
+    paper = f"up to {_num(ref['max_speedup'], 'g')}"
     rows = [[fmt(c.get("N")), fmt(c.get("R")), fmt(c.get("sequential_ms"), ".1f"),
              fmt(c.get("packed_ms"), ".1f"), fmt(c.get("speedup"), ".2f"),
              fmt_ci(c.get("speedup_ci"), ".2f"), fmt(c.get("max_abs_diff"), ".2g"),
-             "up to 16.1" if number(c.get("R")) == 16 else ""]
+             paper if number(c.get("R")) == ref["intervals"] else ""]
             for c in sort_by(records(d.get("cells")), "N", "R")]
     head = [f"B = {fmt(d.get('B'))} refreshed positions; context: {fmt(d.get('context'))}.", ""]
     return head + table(["N", "R intervals", "sequential ms", "packed ms", "speedup", "95% CI",
@@ -303,7 +318,9 @@ def slb_section(d: dict[str, Any]) -> list[str]:
                      key=lambda m: (m != "slb_scan", m))
     rows = [[cell(m)] + [fmt(get(lat, s, m, "median_us"), ".2f") for s in sizes] for m in methods]
     if sizes:
-        rows.append(["paper (C++ / in situ)"] + ["8.25 / 17.6" if s == "250" else ""
+        ref = _paper("slb_latency")
+        paper = f"{_num(ref['scan_us_cpp'], 'g')} / {_num(ref['scan_us_in_situ'], 'g')}"
+        rows.append(["paper (C++ / in situ)"] + [paper if s == str(ref["tools"]) else ""
                                                  for s in sizes])
     lines = ["Median scan latency (us), top-" + fmt(d.get("k")) + ", dim " + fmt(d.get("dim")), ""]
     lines += table(["method"] + [f"N = {s}" for s in sizes], rows if methods else [])

@@ -13,10 +13,9 @@ Contract:
   templates whose slots cycle through fixed lists, so no two turns or paragraphs are identical and
   the same ``n`` always gives the same ids. Pieces are tokenized separately and concatenated, so a
   shorter context is a prefix of a longer one and ``system_ids`` is a prefix of every on-topic one.
-- ``next_token_kl(p_logits, q_logits)`` compares two next-token distributions given as logits:
-  ``(KL(p || q) in nats, whether their argmaxes agree)``, in float64.
 
-It knows no model, cache or timing.
+It knows no model, cache, timing or metric (next-token KL and top-1 agreement are
+``nexus_mlx.metrics``).
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-from common import ROOT
+from common import shared_data
 
-DATA = ROOT.parent / "shared" / "data"
-TOOLS_PATH = DATA / "github-mcp" / "tools.json"
+TOOLS_PATH = shared_data("github-mcp", "tools.json")
 
 SYSTEM = (
     "<|im_start|>system\nYou are a helpful assistant that manages GitHub repositories for the "
@@ -179,17 +176,3 @@ def context_ids(tokenizer: Any, kind: str, n: int) -> list[int]:
     while len(ids) < n:
         ids += encode(tokenizer, next(pieces))
     return ids[:n]
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64).reshape(-1)
-    x = x - x.max()
-    out: np.ndarray = x - np.log(np.exp(x).sum())
-    return out
-
-
-def next_token_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> tuple[float, bool]:
-    """KL(p || q) in nats between the softmaxes of two logit vectors, and top-1 agreement."""
-    log_p, log_q = _log_softmax(p_logits), _log_softmax(q_logits)
-    kl = float(np.sum(np.exp(log_p) * (log_p - log_q)))
-    return max(kl, 0.0), bool(np.argmax(log_p) == np.argmax(log_q))

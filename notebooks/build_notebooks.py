@@ -128,7 +128,7 @@ position as the budget grows. Paper 2 reports 89.6-100% EM at a 2% budget across
 A 135M model often ignores the correction and answers the earlier value even with `e` present
 (Dirty then scores EM 1 too); the KL to Re-prefill is the sharper signal at this scale.'''),
     ("code", setup('''from nexus_mlx import forward, load, make_cache
-from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.decode.generate import greedy_continuation
 from nexus_mlx.refresh import dirty, repair, reprefill, shift
 from tasks.niah import NiahSpec, niah_cases, score''', json_too=False) + '''
 BUDGETS = [1, 2, 5, 10, 20] if QUICK else [1, 2, 5, 10, 20, 40, 80]
@@ -146,8 +146,7 @@ for case in cases:
 def evaluate(cache, case, ref_logp):
     """EM of the greedy answer after the query and KL at the answer position."""
     logp = log_softmax(forward(model, list(case.query), cache.copy(), logits="last"))
-    ids = list(generate_tokens(model, list(case.query), cache.copy(), max_tokens=6,
-                               eos_token_ids=stop))
+    ids = greedy_continuation(model, list(case.query), cache.copy(), 6, stop)
     text = tokenizer.decode(ids)
     return {"em": float(score(text, case.answer)),
             "deleted": float(score(text, case.deleted_answer)),

@@ -11,6 +11,7 @@ benchmark's statistics but not its raw per-round timings (tens of thousands of n
 
 import nexus_mlx  # noqa: F401  (must precede mlx imports)
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
@@ -18,8 +19,10 @@ import pytest  # noqa: E402
 
 from nexus_mlx.models.build import model_classes
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for its common helpers
+from common import shared_data  # noqa: E402
+
+GITHUB = shared_data("github-mcp", "tools.json")
 VOCAB = 256
 
 # SmolLM2-135M's cache geometry (layers, KV heads, head width, RoPE base); everything else tiny.

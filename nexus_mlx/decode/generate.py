@@ -3,11 +3,12 @@
 Contract: ``generate_tokens(model, prompt_tokens, cache)`` prefills the prompt into ``cache``
 through ``models.forward`` and yields sampled token ids one at a time until an end-of-sequence
 id or ``max_tokens``; the cache then holds the prompt and every generated token but the last.
-``generate``/``chat`` wrap it for text prompts and chat messages (``chat_ids`` renders the chat
-template) and return a :class:`Generation` with timings. Samplers and logits processors are
-plain callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``,
+``generate``/``chat`` wrap it for text prompts and chat messages (``models.tokenizer.chat_ids``
+renders the chat template) and return a :class:`Generation` with timings. Samplers and logits
+processors are plain callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``,
 ``processor(tokens, logits)``), so ``mlx_lm.sample_utils.make_sampler`` plugs in directly.
-Greedy by default.
+Greedy by default; ``greedy_continuation`` returns the greedy ids as a list (the one greedy
+decode the CLI and the benchmarks share).
 
 It evaluates arrays (it is the executor of a decode loop); it knows nothing about tools.
 """
@@ -24,6 +25,7 @@ import mlx.nn as nn
 
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.tokenizer import chat_ids
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -106,6 +108,20 @@ def generate_tokens(
         token = _next_token(logits, history, sampler, logits_processors)
 
 
+def greedy_continuation(
+    model: nn.Module,
+    prompt_tokens: Sequence[int],
+    cache: NexusCache,
+    max_tokens: int,
+    eos_token_ids: set[int] | None = None,
+) -> list[int]:
+    """The greedy ids after ``prompt_tokens``: :func:`generate_tokens` with the default sampler,
+    up to ``max_tokens`` ids or through the first end-of-sequence id (kept, last). ``cache`` is
+    advanced as ``generate_tokens`` leaves it; pass ``cache.copy()`` to keep the original."""
+    return list(generate_tokens(model, [int(t) for t in prompt_tokens], cache,
+                                max_tokens=max_tokens, eos_token_ids=eos_token_ids))
+
+
 def _eos_ids(tokenizer: Any) -> set[int]:
     ids = getattr(tokenizer, "eos_token_ids", None)
     if ids:
@@ -139,22 +155,12 @@ def generate(
     return Generation(tokenizer.decode(text_tokens), out, stats)
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]] | str) -> list[int]:
-    """Token ids of chat ``messages`` (a string is one user message) through the tokenizer's
-    chat template, the assistant's turn opened."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    prompt = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt, dict):  # some tokenizers return a BatchEncoding
-        prompt = prompt["input_ids"]
-    return list(prompt)
-
-
 def chat(
     model: nn.Module,
     tokenizer: Any,
     messages: Sequence[dict[str, str]] | str,
     **kwargs: Any,
 ) -> Generation:
-    """One assistant turn for chat ``messages`` (a string is one user message)."""
+    """One assistant turn for chat ``messages`` (a string is one user message), rendered by
+    :func:`~nexus_mlx.models.tokenizer.chat_ids` (its plain fallback without a chat template)."""
     return generate(model, tokenizer, chat_ids(tokenizer, messages), **kwargs)

@@ -30,28 +30,13 @@ import json
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.errors import TokenError, ToolError
-
-SPM_SPACE = "\u2581"
-
-
-@lru_cache(maxsize=1)
-def _gpt2_char_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's printable byte alphabet (bytes 0-255 spelled as visible characters)."""
-    visible = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    table = {chr(b): b for b in visible}
-    extra = 0
-    for b in range(256):
-        if b not in visible:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+from nexus_mlx.models.tokenizer import SPM_SPACE, gpt2_unicode_to_byte
 
 
 def backend_tokenizer(tokenizer: Any) -> Any:
@@ -73,7 +58,7 @@ def _decoder_kinds(spec: dict[str, Any] | None) -> list[str]:
 
 def _piece_bytes(piece: str, byte_level: bool) -> bytes:
     if byte_level:
-        table = _gpt2_char_to_byte()
+        table = gpt2_unicode_to_byte()
         if all(c in table for c in piece):
             return bytes(table[c] for c in piece)
         return piece.encode("utf-8")  # an added token outside the byte alphabet is kept as is

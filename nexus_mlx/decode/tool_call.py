@@ -25,7 +25,8 @@ absence of placeholders unless the grammar itself leaves no other string (e.g. a
 that only fits ``"any"``), which ``errors`` then reports. The cache is advanced like ``generate_tokens`` leaves it: the prompt and every
 token of ``result.tokens`` but the last. Greedy by default; ``sampler`` is mlx-lm's.
 
-Prompt format (:func:`tool_call_prompt`): the tokenizer's chat template with a system message
+Prompt format (:func:`tool_call_prompt`): the tokenizer's chat template (``models.tokenizer.chat_text``:
+its plain transcript fallback when the tokenizer has none) with a system message
 listing one compressed-IR signature per tool (``routing.ir.tool_signature``, e.g.
 ``create_repository(name: string, private?: boolean)``; descriptions as ``// ...`` only when
 ``ir_options`` asks for them) and :data:`SYSTEM_PROMPT`'s instruction, the user's request as the
@@ -55,6 +56,7 @@ from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.tokenizer import chat_text
 from nexus_mlx.tools.ir import IROptions, tool_signature
 from nexus_mlx.tools.tool import Tool
 
@@ -144,8 +146,8 @@ def tool_call_prompt(
         messages.append({"role": "user", "content": request})
     else:
         messages.extend(dict(m) for m in request)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(str(text) + CALL_PREFIX, add_special_tokens=False))
+    text = chat_text(tokenizer, messages)
+    return list(tokenizer.encode(text + CALL_PREFIX, add_special_tokens=False))
 
 
 def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:

@@ -28,6 +28,11 @@ that character with its neighbour, so consecutive spans either touch or overlap 
 one character; a token contributing no bytes gets the empty span at its position. Spans are
 non-decreasing in both ends and together cover the whole text.
 
+Chat prompts: ``chat_ids(tokenizer, messages)`` / ``chat_text(tokenizer, messages)`` render chat
+messages (a string is one user message) with the assistant's turn opened, through the
+tokenizer's chat template. A tokenizer without one (a base model such as the packaged
+``gemma3-270m``) gets :data:`FALLBACK_CHAT_FORMAT` instead of transformers' ``ValueError``.
+
 It does not know WordPiece / CTC / BPE-suffix decoders (they raise :class:`TokenError`),
 Hugging Face's clean-up of spaces before punctuation, or what the text means (``repair.units``).
 """
@@ -35,7 +40,7 @@ Hugging Face's clean-up of spaces before punctuation, or what the text means (``
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -242,3 +247,60 @@ def token_char_spans(tokenizer: Any, ids: Sequence[int] | np.ndarray) -> tuple[s
     lo = np.where(lengths > 0, first, before[begins])
     spans = np.stack([lo, before[ends]], axis=1) if len(chunks) else np.zeros((0, 2), np.int64)
     return text, spans.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- chat prompts
+
+FALLBACK_CHAT_FORMAT = "{role}: {content}\n"
+"""The prompt of a tokenizer without a chat template: the BOS token's text when the tokenizer
+adds one, each message as ``"{role}: {content}\n"``, then ``"assistant:"`` (the assistant's
+turn opened)."""
+FALLBACK_ASSISTANT = "assistant:"
+
+
+def _messages(messages: Sequence[Mapping[str, str]] | str) -> list[dict[str, str]]:
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return [dict(m) for m in messages]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer renders chat itself: mlx-lm's ``has_chat_template`` when it has
+    one, else a set ``chat_template`` (a Hugging Face tokenizer)."""
+    known = getattr(tokenizer, "has_chat_template", None)
+    if isinstance(known, bool):
+        return known
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def _bos_text(tokenizer: Any) -> str:
+    """The BOS token's text when encoding adds it (a chat template puts it first), else ``""``."""
+    bos_id, bos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if bos_id is None or not isinstance(bos, str):
+        return ""
+    return bos if list(tokenizer.encode("a"))[:1] == [bos_id] else ""
+
+
+def chat_text(tokenizer: Any, messages: Sequence[Mapping[str, str]] | str) -> str:
+    """The prompt text of chat ``messages`` (a string is one user message), the assistant's turn
+    opened: the chat template's rendering, or :data:`FALLBACK_CHAT_FORMAT` without one."""
+    msgs = _messages(messages)
+    if has_chat_template(tokenizer):
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return str(text)
+    turns = "".join(FALLBACK_CHAT_FORMAT.format(role=m.get("role", ""),
+                                                content=m.get("content", "")) for m in msgs)
+    return _bos_text(tokenizer) + turns + FALLBACK_ASSISTANT
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]] | str) -> list[int]:
+    """Token ids of chat ``messages`` (a string is one user message) through the tokenizer's
+    chat template, the assistant's turn opened; without a template, the ids of
+    :func:`chat_text`'s fallback transcript (special-token text such as the BOS kept)."""
+    if not has_chat_template(tokenizer):
+        return list(tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False))
+    prompt = tokenizer.apply_chat_template(_messages(messages), add_generation_prompt=True,
+                                           tokenize=True)
+    if isinstance(prompt, Mapping):  # some tokenizers return a BatchEncoding
+        prompt = prompt["input_ids"]
+    return list(prompt)

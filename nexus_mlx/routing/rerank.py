@@ -27,10 +27,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.decode.generate import chat_ids
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.tokenizer import chat_ids
 from nexus_mlx.tools.ir import tool_signature
 from nexus_mlx.tools.registry import split_identifier
 from nexus_mlx.tools.tool import Tool
