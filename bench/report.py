@@ -4,16 +4,22 @@ Contract: :func:`write_report` reads every top-level ``<results_dir>/*.json`` (f
 ``results/quick/`` is never read) and writes one markdown file (default
 ``<results_dir>/REPORT.md``) with a section per paper table or figure and per engineering
 benchmark, in a fixed order. A section holds markdown tables of the *measured* values, the
-*paper's* values hard-coded with a citation note (:data:`~report_sections.PAPER`), the PNG beside the JSON
-(relative link) when there is one, and the machine, model and versions recorded in the result
-(``bench/common.py``'s ``machine``; pytest-benchmark's ``machine_info`` for ``micro.json``). A
-"Missing" list names every expected benchmark without a result and the command that produces it.
+*paper's* values with a citation note (both from ``bench/paper_reference.json``, see
+:data:`~report_sections.PAPER`), the PNG beside the JSON (relative link) when there is one, and
+the machine, model and versions recorded in the result (``bench/common.py``'s ``machine``;
+pytest-benchmark's ``machine_info`` for ``micro.json``). A "Missing" list names every expected
+benchmark without a result and the command that produces it.
 
 Output is deterministic: sections in :data:`BENCHES` order, rows sorted, fixed float formats,
 no generation timestamp, so the same inputs give the same bytes. It tolerates partial or older
 JSON (a missing or mistyped key renders as ``n/a``) and never stops on one bad file: a file that
 is not a JSON object, or whose section fails to render, is listed under "Unreadable" (and its
 benchmark under "Missing").
+
+:func:`write_report` refuses (:class:`NoResultsError`, nothing written) when the results
+directory is absent or holds no top-level ``*.json``: a report of nothing but "No result" lines
+is a wrong path, not a report. Run as a script, that refusal is one line on stderr and exit
+status 2. :func:`render_report` still renders any folder, empty or not.
 
 It does not run benchmarks, judge results or know how a number was measured beyond the JSON
 contract in each ``bench/<name>.py`` docstring.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +67,12 @@ from report_sections import (
 )
 
 REPORT_NAME = "REPORT.md"
-__all__ = ["BENCHES", "PAPER", "Bench", "fmt", "fmt_ci", "fmt_pct", "main", "render_report",
-           "write_report"]
+__all__ = ["BENCHES", "PAPER", "Bench", "NoResultsError", "fmt", "fmt_ci", "fmt_pct", "main",
+           "render_report", "write_report"]
+
+
+class NoResultsError(ValueError):
+    """The results directory is missing or holds no result file; nothing was written."""
 
 
 # ---- the benchmark list -------------------------------------------------------------------------
@@ -238,21 +249,34 @@ def _anchor(title: str) -> str:
 
 def write_report(results_dir: str | os.PathLike[str] = "results",
                  out: str | os.PathLike[str] | None = None) -> Path:
-    """Write the report (default ``<results_dir>/REPORT.md``) and return its path."""
-    path = Path(out) if out is not None else Path(results_dir) / REPORT_NAME
+    """Write the report (default ``<results_dir>/REPORT.md``) and return its path; raise
+    :class:`NoResultsError` (nothing written) when ``results_dir`` has no ``*.json``."""
+    root = Path(results_dir)
+    if not root.is_dir() or not any(root.glob("*.json")):
+        what = "does not exist" if not root.is_dir() else "holds no result files (*.json)"
+        raise NoResultsError(
+            f"results directory {str(root)!r} {what} (looked from {os.getcwd()}); run a "
+            "benchmark first, or pass the folder holding the results, e.g. "
+            "python bench/report.py path/to/checkout/results")
+    path = Path(out) if out is not None else root / REPORT_NAME
     text = render_report(results_dir, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("results_dir", nargs="?", default="results")
     parser.add_argument("--out", default=None, help="default: <results_dir>/REPORT.md")
     args = parser.parse_args(argv)
-    print(write_report(args.results_dir, args.out))
+    try:
+        print(write_report(args.results_dir, args.out))
+    except NoResultsError as exc:
+        print(f"report: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,6 +4,7 @@ the cheap subcommands run for real on the default model."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -53,3 +54,25 @@ def test_compile_writes_blocks(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "atb").iterdir()) == ["get_time.atb", "get_weather.atb"]
     assert main(["compile", "--tools", str(registry), "--out", str(tmp_path / "atb")]) == 0
     assert "0 blocks written, 2 up to date" in capsys.readouterr().out
+
+
+def test_route_shows_progress_and_reuses_the_embedding_cache(tmp_path):
+    tools = [{"name": "get_weather", "description": "Weather for a city",
+              "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+             {"name": "get_time", "description": "Time in a timezone",
+              "inputSchema": {"type": "object", "properties": {"tz": {"type": "string"}}}}]
+    registry = tmp_path / "tools.json"
+    registry.write_text(json.dumps(tools))
+    env = {**os.environ, "NEXUS_MLX_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "nexus_mlx.cli", "route", "What is the weather in Paris?",
+            "--tools", str(registry), "-k", "1", "--max-tokens", "6"]  # k 1: no reranking
+    runs = [subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        assert "route: loading model 'default'" in run.stderr  # the stage bar, on stderr
+        assert "route: generating arguments for" in run.stderr
+        assert "gate: " in run.stdout and "route:" not in run.stdout
+    assert "2 tools embedded (cache miss)" in runs[0].stdout
+    assert "2 tools read from the embedding cache" in runs[1].stdout
+    assert len(list((tmp_path / "cache" / "embeddings").glob("*.npz"))) == 1

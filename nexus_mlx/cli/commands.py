@@ -1,18 +1,22 @@
-"""The ``nexus-mlx`` subcommands (``cli.py`` parses arguments and handles errors).
+"""The ``nexus-mlx`` subcommands (``main.py`` parses arguments and handles errors).
 
-Contract: each ``cmd_<name>(args) -> int`` runs one subcommand and returns the exit status;
-caller errors raise :class:`~nexus_mlx.errors.NexusError` subclasses with a readable message.
-Long work shows a tqdm progress bar on stderr.
+Contract: each ``cmd_<name>(args) -> int`` runs one subcommand and returns the exit status. It
+first checks every argument (:mod:`nexus_mlx.cli.checks`), then loads what it needs (registry,
+model); caller errors raise :class:`~nexus_mlx.errors.NexusError` subclasses with a readable
+message. Long work shows tqdm progress on stderr (:mod:`nexus_mlx.cli.progress`); stdout holds
+only results. Timings printed by ``splice-demo`` are medians of ``--repeats`` runs after a
+warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +24,19 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from nexus_mlx.decode.generate import GenerationStats, chat
+from nexus_mlx.cli import checks
+from nexus_mlx.cli.progress import Stages, tool_bar
+from nexus_mlx.decode.generate import GenerationStats, chat, greedy_continuation
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.load import load
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 
 BENCH_HELPERS = (  # modules of bench/ that are not benchmarks
     "common", "plots", "repair_metrics", "splice_workload", "report", "report_format",
-    "report_sections",
+    "report_sections", "routing_eval",
 )
 
 
@@ -42,18 +49,16 @@ def _print_generation(answer: str, stats: GenerationStats) -> None:
     )
 
 
-def load_registry(source: str) -> ToolRegistry:
-    """Tools from a registry file (``.json`` / Seal-Tools ``.jsonl``) or, for anything else, a
-    live MCP server command line (started, listed, shut down)."""
-    path = Path(source).expanduser()
-    if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
-        return load_tools(path)
+def load_registry(source: str | checks.ToolsSource) -> ToolRegistry:
+    """Tools from a registry file (``.json`` / Seal-Tools ``.jsonl``) or a live MCP server
+    command line (started, listed, shut down); see :func:`checks.tools_source`."""
+    if isinstance(source, str):
+        source = checks.tools_source(source)
+    if source.file is not None:
+        return load_tools(source.file)
     from nexus_mlx.agent.mcp_server import ServerSpec, list_server_tools
 
-    words = shlex.split(source)
-    if not words:
-        raise ArgumentError("--tools needs a registry file or an MCP server command")
-    return list_server_tools(ServerSpec(words[0], tuple(words[1:])))
+    return list_server_tools(ServerSpec(source.command[0], source.command[1:]))
 
 
 def _argmax(logits: mx.array) -> int:
@@ -68,6 +73,8 @@ def _timed(fn: Any) -> tuple[Any, float]:
 
 # ---- chat / demo -------------------------------------------------------------------------
 def cmd_chat(args: argparse.Namespace) -> int:
+    checks.request_text(args.prompt, "the prompt")
+    checks.positive_int(args.max_tokens, "--max-tokens")
     model, tokenizer = load(args.model)
     result = chat(model, tokenizer, args.prompt, max_tokens=args.max_tokens)
     _print_generation(result.text, result.stats)
@@ -77,19 +84,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from nexus_mlx.cli.demo import run_demo
 
-    return run_demo(args.model, extra_tools=[Path(p) for p in args.extra_tools])
+    return run_demo(args.model, extra_tools=checks.registry_files(args.extra_tools))
 
 
 # ---- compile -----------------------------------------------------------------------------
 def cmd_compile(args: argparse.Namespace) -> int:
     from nexus_mlx.blocks.compile import compile_directory
 
-    registry = load_registry(args.tools)
+    registry = load_registry(checks.tools_source(args.tools))
+    out = checks.output_directory(args.out)
     model, tokenizer = load(args.model)
     texts = {t.qualified_name: json.dumps({"name": t.qualified_name, "description": t.description,
                                            "inputSchema": t.input_schema}) for t in registry}
     report, seconds = _timed(lambda: compile_directory(
-        model, tokenizer, texts, args.out, context=args.context, dtype=args.dtype,
+        model, tokenizer, texts, out, context=args.context, dtype=args.dtype,
         progress=lambda names: tqdm(names, desc="compiling", unit="tool", file=sys.stderr)))
     print(f"{len(report.written)} blocks written, {len(report.up_to_date)} up to date, in "
           f"{args.out} ({seconds:.1f} s)")
@@ -102,19 +110,31 @@ def cmd_route(args: argparse.Namespace) -> int:
     from nexus_mlx.routing.router import DEFAULT_K, build_router
     from nexus_mlx.tools.ir import tool_signature
 
-    registry = load_registry(args.tools)
-    model, tokenizer = load(args.model)
-    router, embed_s = _timed(lambda: build_router(
-        registry, model, tokenizer, k=DEFAULT_K if args.k is None else args.k))
-    decision = router.route(args.query)
-    print(f"registry: {len(registry)} tools embedded and calibrated in {embed_s:.2f} s")
+    query = checks.request_text(args.query, "the request")
+    k = DEFAULT_K if args.k is None else checks.positive_int(args.k, "-k")
+    checks.positive_int(args.max_tokens, "--max-tokens")
+    registry = load_registry(checks.tools_source(args.tools))
+    with Stages(5, "route") as stages:
+        stages.start(f"loading model {args.model!r}")
+        model, tokenizer = load(args.model)
+        stages.start(f"embedding {len(registry)} tools (disk-cached) and calibrating the gate")
+        router, embed_s = _timed(lambda: build_router(
+            registry, model, tokenizer, k=k, progress=tool_bar("embedding tools")))
+        decision = router.route(query, on_stage=stages.start)
+        tool = registry.get(decision.chosen)
+        stages.start(f"generating arguments for {decision.chosen}")
+        call = call_tool(model, tokenizer, query, [tool], max_argument_tokens=args.max_tokens)
+    source = {True: "read from the embedding cache", False: "embedded (cache miss)"}.get(
+        router.embeddings_cached, "embedded")
+    print(f"registry: {len(registry)} tools {source}, gate calibrated, in {embed_s:.2f} s")
+    cal = router.calibration
+    print("gate: " + (cal.describe() if cal is not None else
+                      "registry too small to calibrate; every request auto-routes"))
     for name, score in decision.candidates:
         print(f"  {score:7.4f}  {name}")
     verdict = "escalated to the reranker" if decision.escalated else "auto-routed"
     print(f"margin {decision.margin:.4f} vs tau {decision.tau:.4f}: {verdict} -> {decision.chosen}")
-    tool = registry.get(decision.chosen)
     print(f"IR: {tool_signature(tool)}")
-    call = call_tool(model, tokenizer, args.query, [tool], max_argument_tokens=args.max_tokens)
     state = "valid" if call.valid else f"invalid: {list(call.errors)}"
     print(f"arguments: {json.dumps(call.arguments)} ({state})")
     times = {**decision.timings, "arguments": call.timings.total_s}
@@ -134,39 +154,93 @@ SPLICE_SCHEMA = json.dumps({
 })
 
 
+SPLICE_FILLER = "The assistant has been helping the user with a project. "
+SPLICE_QUERY = " User: please create a private repository named demo."
+
+
+def history_tokens(tokenizer: Any, n_past: int) -> list[int]:
+    """Exactly ``n_past`` tokens of filler conversation (the filler repeated as needed)."""
+    if n_past <= 0:
+        return []
+    reps = max(1, n_past // max(1, len(tokenizer.encode(SPLICE_FILLER))) + 2)
+    ids = list(tokenizer.encode(SPLICE_FILLER * reps))
+    while len(ids) < n_past:
+        reps *= 2
+        ids = list(tokenizer.encode(SPLICE_FILLER * reps))
+    return ids[:n_past]
+
+
+def median_seconds(run: Callable[[Any], Any], setup: Callable[[], Any], repeats: int
+                   ) -> tuple[Any, float]:
+    """``run(setup())`` once to warm up, then ``repeats`` timed times (setup untimed): the last
+    output and the median seconds."""
+    out = run(setup())
+    times = []
+    for _ in range(repeats):
+        arg = setup()
+        start = time.perf_counter()
+        out = run(arg)
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def max_splice_depth(model: Any, tokenizer: Any) -> int | None:
+    """The deepest history the model's positions leave room for, block and query after it."""
+    limit = model_plan(model).max_position
+    if limit is None:
+        return None
+    return limit - len(tokenizer.encode(SPLICE_SCHEMA)) - len(tokenizer.encode(SPLICE_QUERY))
+
+
 def cmd_splice_demo(args: argparse.Namespace) -> int:
     from nexus_mlx.blocks.compile import compile_block
     from nexus_mlx.blocks.curve import Curve
     from nexus_mlx.blocks.splicing import splice
 
+    depths = checks.depths(args.depths)
+    curve = Curve(K=args.K)
+    repeats = checks.positive_int(args.repeats, "--repeats")
     model, tokenizer = load(args.model)
+    deepest = max_splice_depth(model, tokenizer)
+    too_deep = [d for d in depths if deepest is not None and d > deepest]
+    if too_deep:
+        raise ArgumentError(
+            f"--depths {too_deep}: model {args.model!r} holds {model_plan(model).max_position} "
+            f"positions, which leaves room for histories up to {deepest} tokens before the "
+            "schema block and the query; ask for smaller depths")
     block = compile_block(model, tokenizer, SPLICE_SCHEMA)
-    query = tokenizer.encode(" User: please create a private repository named demo.")
-    filler = tokenizer.encode("The assistant has been helping the user with a project. " * 200)
-    print(f"block: {block.num_tokens} schema tokens compiled at anchor {block.m0}")
+    query = tokenizer.encode(SPLICE_QUERY)
+    runs = f"{repeats} timed run{'s' if repeats > 1 else ''}"
+    print(f"block: {block.num_tokens} schema tokens compiled at anchor {block.m0}; times are "
+          f"medians of {runs} after 1 warm-up, each on a fresh copy of the history cache")
     print(f"{'n_past':>7} {'path':>9} {'R%':>6} {'prefill ms':>11} {'splice ms':>10} {'speedup':>8} "
           f"{'KL nats':>9} {'top-1':>6}")
-    for n_past in args.depths:
-        history = filler[:n_past]
+    for asked in depths:
         base = make_cache(model)
+        history = history_tokens(tokenizer, asked)
         if history:
             mx.eval(forward(model, history, base, logits="last"))
-        ref_cache, cache = base.copy(), base.copy()
+        n_past = base.n_past  # the depth actually measured
+        assert n_past == asked, (n_past, asked)
 
-        def prefilled(c: Any = ref_cache) -> mx.array:
+        def fresh(base: Any = base) -> Any:
+            c = base.copy()
+            c.evaluate()
+            return c
+
+        def prefilled(c: Any) -> mx.array:
             out = forward(model, list(block.tokens) + query, c, logits="last")
             mx.eval(out)
             return out
 
-        ref, t_ref = _timed(prefilled)
-
-        def spliced(c: Any = cache) -> tuple[Any, mx.array]:
-            result = splice(model, c, block, curve=Curve(K=args.K))
+        def spliced(c: Any) -> tuple[Any, mx.array]:
+            result = splice(model, c, block, curve=curve)
             out = forward(model, query, c, logits="last")
             mx.eval(out)
             return result, out
 
-        (result, out), t_splice = _timed(spliced)
+        ref, t_ref = median_seconds(prefilled, fresh, repeats)
+        (result, out), t_splice = median_seconds(spliced, fresh, repeats)
         agree = _argmax(ref[0, -1]) == _argmax(out[0, -1])
         print(f"{n_past:>7} {result.path:>9} {result.r_pct:>6.1f} {t_ref * 1e3:>11.0f} "
               f"{t_splice * 1e3:>10.0f} {t_ref / t_splice:>7.2f}x {next_token_kl(ref[0, -1], out[0, -1]):>9.4f} "
@@ -185,7 +259,10 @@ REPAIR_QUESTION = " Question: in which room is the project review? Answer: The r
 
 def cmd_repair_demo(args: argparse.Namespace) -> int:
     from nexus_mlx.refresh import Edit, repair, reprefill, shift
+    from nexus_mlx.refresh.allocators import get_allocator
 
+    checks.percentage(args.budget, "--budget")
+    get_allocator(args.allocator)  # an unknown name fails here, listing the known ones
     model, tokenizer = load(args.model)
     p, e, s = (tokenizer.encode(t, add_special_tokens=False) for t in REPAIR_PARTS)
     question = tokenizer.encode(REPAIR_QUESTION, add_special_tokens=False)
@@ -196,7 +273,7 @@ def cmd_repair_demo(args: argparse.Namespace) -> int:
 
     def answer(c: Any) -> tuple[str, mx.array]:
         logits = forward(model, question, c.copy(), logits="last")[0, -1]
-        return tokenizer.decode(forward_greedy(model, c, question, 3)), logits
+        return tokenizer.decode(greedy_continuation(model, question, c.copy(), 3)), logits
 
     arms: dict[str, Any] = {}
     arms["reprefill"], t_ref = _timed(lambda: reprefill(model, cache, edit))
@@ -213,18 +290,6 @@ def cmd_repair_demo(args: argparse.Namespace) -> int:
     print(f"{args.allocator} recomputed {result.budget_tokens} of {result.suffix_length} suffix "
           f"tokens in {len(result.intervals)} intervals")
     return 0
-
-
-def forward_greedy(model: Any, cache: Any, prompt: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``prompt`` on a copy of ``cache``."""
-    work = cache.copy()
-    logits = forward(model, prompt, work, logits="last")
-    out: list[int] = []
-    for _ in range(n):
-        token = _argmax(logits[0, -1])
-        out.append(token)
-        logits = forward(model, [token], work, logits="last")
-    return out
 
 
 # ---- bench / report ----------------------------------------------------------------------
@@ -256,4 +321,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     folder = bench_dir()
-    return subprocess.call([sys.executable, str(folder / "report.py"), args.results])
+    results = checks.results_directory(args.results, suggestion=folder.parent / "results")
+    return subprocess.call([sys.executable, str(folder / "report.py"), str(results)])

@@ -7,7 +7,9 @@ never executed), embeds them into the INT8 SLB, calibrates the margin gate, comp
 to ``.atb`` blocks and splices one into a conversation cache (reporting fidelity and time
 against a text prefill), then answers a few requests: route -> compressed IR -> constrained
 arguments -> execution of read-only calls on their server. Every decision is printed with its
-timings. Servers are always shut down. Returns 0.
+timings, and the demo ends with each server's record: which calls it accepted, which it refused
+and the server's own error text, and which calls were never sent (and why). Servers are always
+shut down. Returns 0 (a refused call is an outcome the demo reports, not a failure of the demo).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.orchestrator import Agent
 from nexus_mlx.blocks.compile import compile_block, compile_directory
 from nexus_mlx.blocks.splicing import splice
+from nexus_mlx.cli.progress import tool_bar
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.load import load
@@ -45,6 +49,42 @@ REQUESTS = (
 )
 
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What became of one request's call: ``accepted`` / ``refused`` by its server, or
+    ``not sent`` (invalid arguments, no live server, not read-only); ``detail`` says why."""
+
+    request: str
+    server: str  # the namespace ("" when no live server owns the tool)
+    call: str  # name(arguments JSON)
+    status: str
+    detail: str = ""
+
+
+def outcome_summary(outcomes: Sequence[CallOutcome], servers: Sequence[str]) -> list[str]:
+    """The closing lines: per server, the calls it accepted and refused (with its error text),
+    then the calls never sent, then one verdict line."""
+    lines = ["", "what the servers did with the calls:"]
+    for server in servers:
+        mine = [o for o in outcomes if o.server == server and o.status != "not sent"]
+        accepted = [o for o in mine if o.status == "accepted"]
+        refused = [o for o in mine if o.status == "refused"]
+        lines.append(f"  {server}: accepted {len(accepted)}, refused {len(refused)}")
+        lines += [f"    accepted {o.call}" for o in accepted]
+        lines += [f"    refused  {o.call}: {o.detail}" for o in refused]
+    unsent = [o for o in outcomes if o.status == "not sent"]
+    if unsent:
+        lines.append(f"  not sent: {len(unsent)}")
+        lines += [f"    {o.call}: {o.detail}" for o in unsent]
+    n_ok = sum(o.status == "accepted" for o in outcomes)
+    if outcomes and n_ok == 0:
+        lines.append(f"no call succeeded: all {len(outcomes)} were refused by their server or "
+                     "not sent (reasons above)")
+    else:
+        lines.append(f"{n_ok} of {len(outcomes)} calls accepted by their server")
+    return lines
 
 
 @contextmanager
@@ -111,7 +151,7 @@ def _splice_showcase(model: Any, tokenizer: Any, registry: ToolRegistry, say: Sa
         f"next-token KL {kl:.4f} nats, top-1 {'agrees' if top1_agreement(ref[0, -1], out[0, -1]) else 'differs'}")
 
 
-def _answer(agent: Agent, request: str, executable: set[str], say: Say) -> None:
+def _answer(agent: Agent, request: str, executable: set[str], say: Say) -> CallOutcome:
     turn = agent.turn([{"role": "user", "content": request}])
     route, call = turn.route, turn.call
     say(f"\n> {request}")
@@ -123,12 +163,21 @@ def _answer(agent: Agent, request: str, executable: set[str], say: Say) -> None:
     say(f"  call: {call.name}({json.dumps(call.arguments)}) [{state}]; route "
         f"{turn.timings['route'] * 1e3:.0f} ms, arguments {turn.timings['arguments'] * 1e3:.0f} ms "
         f"({turn.prompt_tokens} sidecar tokens)")
+    label = f"{call.name}({json.dumps(call.arguments)})"
+    server = call.name.split(".", 1)[0] if call.name in executable else ""
     if call.name not in executable:
-        say("  not executed (no live server for it, or not read-only)")
-    elif call.valid:
-        result = agent.execute(turn)
-        head = " ".join(result.text.split())[:160]
-        say(f"  {'server refused' if result.is_error else 'result'}: {head}")
+        why = "not executed: no live server for it, or not read-only"
+        say(f"  {why}")
+        return CallOutcome(request, server, label, "not sent", why)
+    if not call.valid:
+        why = f"not executed: invalid arguments {list(call.errors)}"
+        say(f"  {why}")
+        return CallOutcome(request, server, label, "not sent", why)
+    result = agent.execute(turn)
+    text = " ".join(result.text.split())
+    say(f"  {'server refused' if result.is_error else 'result'}: {text[:160]}")
+    return CallOutcome(request, server, label, "refused" if result.is_error else "accepted",
+                       text[:400])
 
 
 def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say: Say = print) -> int:
@@ -147,11 +196,13 @@ def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say:
         servers = {ns: stack.enter_context(McpServer(spec)) for ns, spec in specs.items()}
         registry = _registry(servers, extra_tools, say)
         router = _timed(say, f"embedded {len(registry)} tools into the INT8 SLB, calibrated the "
-                        "gate", lambda: build_router(registry, model, tokenizer, embedder=embedder))
+                        "gate", lambda: build_router(registry, model, tokenizer, embedder=embedder,
+                                                     progress=tool_bar("embedding tools")))
+        if router.embeddings_cached:
+            say("  (tool embeddings read from the on-disk cache)")
         cal = router.calibration
         if cal is not None:
-            say(f"gate: tau {cal.tau:.4f} (20th percentile of {cal.n_adversarial} adversarial "
-                f"margins), fire rate {cal.fire_rate:.0%}")
+            say(f"gate: {cal.describe()}")
         else:
             say("gate: registry too small to calibrate; auto-routing everything")
         live = [t for t in registry if t.server in servers]
@@ -159,12 +210,15 @@ def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say:
         texts = {t.qualified_name: json.dumps({"name": t.name, "inputSchema": t.input_schema})
                  for t in live}
         report = _timed(say, f"compiled {len(texts)} live tools to .atb blocks",
-                        lambda: compile_directory(model, tokenizer, texts, blocks, context=SYSTEM))
+                        lambda: compile_directory(model, tokenizer, texts, blocks, context=SYSTEM,
+                                                  progress=tool_bar("compiling", iterable=True)))
         say(f"  ({len(report.written)} written, {len(report.up_to_date)} up to date)")
         _splice_showcase(model, tokenizer, registry, say)
         agent = Agent(model, tokenizer, registry, router, servers, max_argument_tokens=48)
         executable = {t.qualified_name for t in live if t.annotations.get("readOnlyHint")}
-        for request in REQUESTS:
-            _answer(agent, request.format(repo=repo), executable, say)
+        outcomes = [_answer(agent, request.format(repo=repo), executable, say)
+                    for request in REQUESTS]
+        for line in outcome_summary(outcomes, sorted(servers)):
+            say(line)
     say("\nservers shut down; done.")
     return 0

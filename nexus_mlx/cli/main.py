@@ -1,10 +1,13 @@
 """The ``nexus-mlx`` command line.
 
 Contract: ``main(argv)`` parses a subcommand and runs it (implementations in
-:mod:`nexus_mlx.cli.commands`), returning the process exit status. Errors raised on purpose
-(:class:`NexusError`) print as one readable line plus a hint (``--debug`` shows the traceback)
-and exit with status 2. ``--model SPEC`` (``default``, ``gemma3-270m``, a ``.gguf`` file or an
-mlx-lm directory) is accepted by every subcommand that runs a model.
+:mod:`nexus_mlx.cli.commands`), returning the process exit status. Every subcommand checks its
+arguments (:mod:`nexus_mlx.cli.checks`) before it loads a model. A user error — a
+:class:`NexusError` raised on purpose, or an ``OSError`` on a path the user gave — prints as one
+line naming the value and the fix and exits with status 2; any other exception prints one
+"internal error" line and exits with status 1. Tracebacks appear only with ``--debug``, which is
+accepted before or after the subcommand. ``--model SPEC`` (``default``, ``gemma3-270m``, a
+``.gguf`` file or an mlx-lm directory) is accepted by every subcommand that runs a model.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Sequence
 from nexus_mlx.cli import commands
 from nexus_mlx.errors import NexusError
 
+DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
 MODEL_HELP = "model spec: 'default', 'gemma3-270m', a .gguf file or an mlx-lm directory"
 TOOLS_HELP = "a registry file (JSON list / {'tools': [...]}, Seal-Tools .jsonl) or an MCP server command"
 
@@ -30,6 +34,8 @@ def _add(
     model: bool = True,
 ) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    # SUPPRESS: an absent sub-level --debug leaves the top-level value alone
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     if model:
         p.add_argument("--model", default="default", help=MODEL_HELP)
     p.set_defaults(func=func)
@@ -41,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nexus-mlx",
         description="KV-cache surgery and tool routing for agentic LLMs on MLX.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _add(sub, "chat", "one chat turn on a model, with TTFT and tokens/s", commands.cmd_chat)
@@ -72,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depths", type=int, nargs="+", default=[0, 256, 512, 1024],
                    help="history lengths n_past to splice after")
     p.add_argument("-K", type=float, default=4.0, help="recompute curve K (4 default, 16 flat)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed runs per depth and path, after one warm-up; medians are printed")
 
     p = _add(sub, "repair-demo", "delete a correction from a cached context and repair it",
              commands.cmd_repair_demo)
@@ -84,24 +92,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "report", "write results/REPORT.md from results/*.json", commands.cmd_report,
              model=False)
-    p.add_argument("--results", default="results", help="the results directory")
+    p.add_argument("--results", default="results",
+                   help="the results directory (relative to the current directory)")
     return parser
+
+
+def _os_error(exc: OSError) -> str:
+    where = f" {str(exc.filename)!r}" if exc.filename is not None else ""
+    return f"{exc.strerror or type(exc).__name__}{where}; check the path and its permissions"
+
+
+def _fail(message: str, debug: bool, status: int) -> int:
+    if debug:
+        traceback.print_exc()
+    print(message, file=sys.stderr)
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
     try:
         return int(args.func(args))
     except NexusError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"nexus-mlx: error: {exc}", file=sys.stderr)
-        print("hint: check the arguments above (run with --debug for the traceback)", file=sys.stderr)
-        return 2
+        return _fail(f"nexus-mlx: error: {' '.join(str(exc).splitlines())}", debug, 2)
+    except OSError as exc:
+        return _fail(f"nexus-mlx: error: {_os_error(exc)}", debug, 2)
     except KeyboardInterrupt:
         print("nexus-mlx: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not a user error: one line unless --debug
+        detail = " ".join(str(exc).split())[:300]
+        return _fail(f"nexus-mlx: internal error: {type(exc).__name__}: {detail} (rerun with "
+                     "--debug for the traceback and report it)", debug, 1)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,26 @@ query text: it never reads the LLM's cache.
 with the ``"query: "`` query prefix, INT8 SLB of the tools' word-split texts, gate calibrated on
 the registry (tau 0, i.e. never escalate, when the registry is too small to calibrate), and the
 query-likelihood reranker fused with the SLB score. Every default was chosen on held-out
-queries (``bench/routing_accuracy.py``'s lever sweep, ``bench/rerank_fusion.py``).
+queries (``bench/routing_accuracy.py``'s lever sweep, ``bench/rerank_fusion.py``). The tools'
+embeddings go through the on-disk :mod:`~nexus_mlx.routing.embedding_cache` (keyed by the
+embedder and the exact texts), so a registry is embedded once, not on every run.
+
+An empty or whitespace-only request raises :class:`ArgumentError`: there is nothing to route.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mlx.errors import ArgumentError
+from nexus_mlx.routing.embedding_cache import (
+    CachedDocumentEmbedder,
+    EmbeddingCache,
+    ProgressFactory,
+)
 from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin
 from nexus_mlx.routing.rerank import QueryLikelihoodReranker, Reranker
 from nexus_mlx.routing.slb import SemanticLookasideBuffer, TextEmbedder
@@ -58,6 +68,7 @@ class Router:
         k: int = DEFAULT_K,
         *,
         calibration: Calibration | None = None,
+        embeddings_cached: bool | None = None,
     ) -> None:
         if len(registry) == 0:
             raise ArgumentError("cannot route over an empty tool registry")
@@ -68,9 +79,15 @@ class Router:
         self.registry, self.embedder, self.slb = registry, embedder, slb
         self.gate, self.reranker, self.k = gate, reranker, k
         self.calibration = calibration  # how ``gate`` was set, when known
+        self.embeddings_cached = embeddings_cached  # tool vectors read from the disk cache?
 
-    def route(self, query: str) -> RouteDecision:
+    def route(self, query: str, *, on_stage: Callable[[str], None] | None = None) -> RouteDecision:
+        """Route ``query``; ``on_stage`` (e.g. a progress bar) hears each stage as it starts."""
+        if not isinstance(query, str) or not query.strip():
+            raise ArgumentError(f"the request is empty ({query!r}); give the text to route")
+        stage = on_stage or (lambda _: None)
         timings: dict[str, float] = {}
+        stage("embedding the request and scanning the SLB")
         start = time.perf_counter()
         vector = self.embedder.embed([query], kind="query")[0]
         timings["embed"] = time.perf_counter() - start
@@ -83,6 +100,7 @@ class Router:
                                  escalated=not auto, chosen=candidates[0][0], timings=timings)
         if not auto:
             assert self.reranker is not None
+            stage(f"gate fired: reranking {len(candidates)} candidates")
             start = time.perf_counter()
             tools = [self.registry.get(name) for name, _ in candidates]
             decision.reranked = self.reranker.rerank(query, tools, scores)
@@ -100,18 +118,26 @@ def build_router(
     embedder_id: str = EMBEDDER_ID,
     reranker: Reranker | None = None,
     k: int = DEFAULT_K,
+    embedding_cache: EmbeddingCache | bool = True,
+    progress: ProgressFactory | None = None,
 ) -> Router:
     """A :class:`Router` with the library's defaults (module docstring); ``embedder`` (an
     :class:`~nexus_mlx.routing.embedder.Embedder`, loaded with ``QUERY_PREFIX`` when omitted;
-    ``embedder_id`` names it in the SLB and calibration) and ``reranker`` (default:
-    :class:`QueryLikelihoodReranker` on ``model``) can be given."""
+    ``embedder_id`` names it in the SLB, the calibration and the embedding cache) and
+    ``reranker`` (default: :class:`QueryLikelihoodReranker` on ``model``) can be given.
+    ``embedding_cache``: True for the user cache folder, False to embed without one, or an
+    :class:`EmbeddingCache`; ``progress`` makes a progress bar for the tools a cache miss embeds."""
     if len(registry) == 0:
         raise ArgumentError("cannot route over an empty tool registry")
     if embedder is None:
         from nexus_mlx.routing.embedder import Embedder
 
         embedder = Embedder.load(query_prefix=QUERY_PREFIX)
-    slb = SemanticLookasideBuffer.from_registry(registry, embedder, embedder_id=embedder_id)
+    documents: Any = embedder
+    if embedding_cache is not False:
+        cache = embedding_cache if isinstance(embedding_cache, EmbeddingCache) else None
+        documents = CachedDocumentEmbedder(embedder, embedder_id, cache, progress=progress)
+    slb = SemanticLookasideBuffer.from_registry(registry, documents, embedder_id=embedder_id)
     calibration: Calibration | None
     try:
         calibration = calibrate(slb)
@@ -120,4 +146,6 @@ def build_router(
         calibration, gate = None, MarginGate(0.0)
     if reranker is None:
         reranker = QueryLikelihoodReranker(model, tokenizer)
-    return Router(registry, embedder, slb, gate, reranker, k=k, calibration=calibration)
+    cached = documents.hit if isinstance(documents, CachedDocumentEmbedder) else None
+    return Router(registry, embedder, slb, gate, reranker, k=k, calibration=calibration,
+                  embeddings_cached=cached)
