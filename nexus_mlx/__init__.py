@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "next_token_kl": "nexus_mlx.metrics",
     "top1_agreement": "nexus_mlx.metrics",
     # compiled blocks and splicing (paper 1)
-    "CompiledBlock": "nexus_mlx.blocks.atb",
+    "CompiledBlock": "nexus_mlx.blocks.block",
     "compile_block": "nexus_mlx.blocks.compile",
     "compile_directory": "nexus_mlx.blocks.compile",
     "read_block": "nexus_mlx.blocks.atb",
@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "McpServer": "nexus_mlx.agent.mcp_server",
     "ServerSpec": "nexus_mlx.agent.mcp_server",
     "RadixArena": "nexus_mlx.agent.radix_arena",
+    "Session": "nexus_mlx.agent.session",
+    "StepReport": "nexus_mlx.agent.session",
     # errors
     "NexusError": "nexus_mlx.errors",
     "ModelNotFoundError": "nexus_mlx.errors",
@@ -107,7 +109,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.agent.mcp_server import McpServer, ServerSpec
     from nexus_mlx.agent.orchestrator import Agent
     from nexus_mlx.agent.radix_arena import RadixArena
-    from nexus_mlx.blocks.atb import CompiledBlock, read_block, write_block
+    from nexus_mlx.agent.session import Session, StepReport
+    from nexus_mlx.blocks.atb import read_block, write_block
+    from nexus_mlx.blocks.block import CompiledBlock
     from nexus_mlx.blocks.compile import compile_block, compile_directory
     from nexus_mlx.blocks.curve import Curve
     from nexus_mlx.blocks.splicing import splice

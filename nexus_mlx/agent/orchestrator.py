@@ -6,9 +6,12 @@ depth-independent, it never reads the conversation's KV cache), then generates t
 tool's arguments over its compressed-IR signature with constrained decoding, in a sidecar
 sequence at position 0 built from a pruned window of the conversation
 (:func:`~nexus_mlx.agent.sidecar.sidecar_messages`). ``execute(turn)`` runs the call on the live
-MCP server that owns the tool and returns its result. One coarse re-entrant lock serialises
-whole turns, so concurrent callers get exactly the outputs they would get alone (greedy
-decoding is deterministic).
+MCP server that owns the tool and returns its result. ``run(request)`` is the multi-step loop
+instead: one live :class:`~nexus_mlx.agent.session.Session` for the whole conversation, the
+router's top-k tools shown each step, calls in the model's own format executed on the servers
+until the model answers in text (:func:`~nexus_mlx.agent.loop.run_agent`); the conversation is
+kept in ``history``. One coarse re-entrant lock serialises whole turns and runs, so concurrent
+callers get exactly the outputs they would get alone (greedy decoding is deterministic).
 
 It does not own the servers' lifetimes (the caller starts and closes them).
 """
@@ -23,7 +26,9 @@ from typing import Any
 
 import mlx.nn as nn
 
+from nexus_mlx.agent.loop import AgentRun, run_agent
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
+from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
 from nexus_mlx.decode.tool_call import ToolCallResult, generate_tool_call, tool_call_prompt
 from nexus_mlx.errors import ToolError
@@ -59,6 +64,34 @@ class Agent:
         self.window, self.payload_chars = window, payload_chars
         self.max_argument_tokens = max_argument_tokens
         self.lock = threading.RLock()
+        self.session: Session | None = None  # the live conversation of run(), made on first use
+        self.history: list[dict[str, Any]] = []
+
+    def run(
+        self,
+        request: str,
+        *,
+        top_k: int = 8,
+        tool_choice: str | Mapping[str, Any] = "auto",
+        max_steps: int = 6,
+        max_tokens: int = 256,
+    ) -> AgentRun:
+        """Answer ``request`` in the running conversation, calling tools as the model asks."""
+        with self.lock:
+            if self.session is None:
+                self.session = Session(self.model, self.tokenizer)
+            select = (lambda q: self.routed_tools(q, top_k)) if len(self.registry) > top_k else None
+            result = run_agent(self.session, self.history, request, self.registry, self.servers,
+                               select_tools=select, tool_choice=tool_choice, max_steps=max_steps,
+                               max_tokens=max_tokens)
+            self.history = result.messages
+            return result
+
+    def routed_tools(self, request: str, k: int) -> list[str]:
+        """The ``k`` tools the router ranks highest for ``request``, its choice first."""
+        decision = self.router.route(request)
+        names = [decision.chosen] + [n for n, _ in decision.candidates if n != decision.chosen]
+        return names[:k]
 
     def turn(self, messages: Sequence[Message]) -> AgentTurn:
         """Route the last user message and generate the chosen tool's call."""

@@ -1,0 +1,156 @@
+"""The agent loop over a live session: answer a request, calling tools on live MCP servers until
+the model answers in text.
+
+Contract: ``run_agent(session, history, request, registry, servers)`` appends the user's
+request to ``history`` and repeats, at most ``max_steps`` times: choose the tools this step shows
+(``select_tools``, e.g. a router's top-k over a large registry; default every tool), let the
+session generate (tool calls in the model's own format, constrained; ``tool_choice`` on the first
+step, ``"auto"`` after), execute each call on the server that owns the tool and append the
+assistant call and the tool results as OpenAI-style messages. It stops when a reply has no
+calls. Tool results older than the latest step and longer than ``payload_chars`` are replaced by
+a short surrogate in the messages the session sees, an edit in the middle of the conversation
+that the session repairs instead of re-encoding. A call the model makes to an unknown tool, or
+that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
+can recover; the :class:`Execution` records say which calls succeeded.
+
+It does not own the servers (the caller starts and closes them) and never routes by reading
+the deep cache.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nexus_mlx.agent.mcp_server import McpServer
+from nexus_mlx.agent.session import Reply, Session, StepReport
+from nexus_mlx.agent.sidecar import surrogate
+from nexus_mlx.decode.call_format import ParsedCall
+from nexus_mlx.errors import ArgumentError, NexusError
+from nexus_mlx.tools.registry import ToolRegistry
+from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool
+
+ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
+
+
+@dataclass(frozen=True)
+class Execution:
+    name: str
+    arguments: dict[str, Any]
+    ok: bool
+    output: str
+    seconds: float
+
+
+@dataclass
+class AgentRun:
+    answer: str
+    messages: list[dict[str, Any]]  # the conversation, tool turns included (unpruned)
+    finish: str  # "answer" or "step_limit"
+    steps: list[StepReport] = field(default_factory=list)
+    executions: list[Execution] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+
+def openai_tool(tool: Tool) -> dict[str, Any]:
+    """The OpenAI / chat-template form of a tool, named by its qualified name."""
+    return {"type": "function", "function": {"name": tool.qualified_name,
+                                             "description": tool.description,
+                                             "parameters": dict(tool.input_schema)}}
+
+
+def server_for(servers: Mapping[str, McpServer], name: str) -> McpServer | None:
+    """The server owning ``namespace.tool`` (or the unnamespaced server for a plain name)."""
+    namespace = name.split(NAMESPACE_SEP, 1)[0] if NAMESPACE_SEP in name else ""
+    return servers.get(namespace)
+
+
+def execute_call(call: ParsedCall, registry: ToolRegistry, servers: Mapping[str, McpServer],
+                 timeout: float | None = None) -> Execution:
+    """Run one call; every failure becomes an ``error: ...`` output instead of an exception."""
+    start = time.perf_counter()
+    server = server_for(servers, call.name)
+    if call.name not in registry.names() or server is None:
+        known = "" if server is not None else f"; no running server owns it ({sorted(servers)})"
+        return Execution(call.name, call.arguments, False,
+                         f"error: unknown tool {call.name!r}{known}", time.perf_counter() - start)
+    try:
+        result = server.call_tool(call.name, call.arguments, timeout=timeout)
+    except NexusError as exc:
+        return Execution(call.name, call.arguments, False, f"error: {exc}",
+                         time.perf_counter() - start)
+    text = result.text if not result.is_error else f"error: {result.text}"
+    return Execution(call.name, call.arguments, not result.is_error, text,
+                     time.perf_counter() - start)
+
+
+def pruned(messages: Sequence[Mapping[str, Any]], keep_from: int, payload_chars: int
+           ) -> list[dict[str, Any]]:
+    """``messages`` with tool results before index ``keep_from`` longer than ``payload_chars``
+    replaced by their surrogate."""
+    out = []
+    for index, m in enumerate(messages):
+        m = dict(m)
+        text = str(m.get("content") or "")
+        if m.get("role") == "tool" and index < keep_from and len(text) > payload_chars:
+            m["content"] = surrogate(m, payload_chars)
+        out.append(m)
+    return out
+
+
+def run_agent(
+    session: Session,
+    history: Sequence[Mapping[str, Any]],
+    request: str,
+    registry: ToolRegistry,
+    servers: Mapping[str, McpServer],
+    *,
+    select_tools: ToolSelector | None = None,
+    tool_choice: str | Mapping[str, Any] = "auto",
+    max_steps: int = 6,
+    max_tokens: int = 256,
+    payload_chars: int = 400,
+    call_timeout: float | None = None,
+) -> AgentRun:
+    """Answer ``request`` (see the module docstring)."""
+    if not isinstance(request, str) or not request.strip():
+        raise ArgumentError("the request is empty")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ArgumentError(f"max_steps must be a positive integer, got {max_steps!r}")
+    names = list(select_tools(request)) if select_tools is not None else registry.names()
+    tools = [openai_tool(registry.get(n)) for n in names]
+    messages: list[dict[str, Any]] = [dict(m) for m in history]
+    messages.append({"role": "user", "content": request})
+    run = AgentRun("", messages, "step_limit")
+    for step in range(max_steps):
+        visible = pruned(messages, _last_step_start(messages), payload_chars)
+        reply = session.generate(visible, tools, tool_choice=tool_choice if step == 0 else "auto",
+                                 max_tokens=max_tokens)
+        run.replies.append(reply)
+        run.steps.append(reply.report)
+        if not reply.tool_calls:
+            messages.append({"role": "assistant", "content": reply.content})
+            run.answer, run.finish = reply.content, "answer"
+            return run
+        ids = [f"call_{len(run.executions) + i}" for i in range(len(reply.tool_calls))]
+        messages.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
+            {"id": cid, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for cid, c in zip(ids, reply.tool_calls, strict=True)]})
+        for cid, call in zip(ids, reply.tool_calls, strict=True):
+            done = execute_call(call, registry, servers, call_timeout)
+            run.executions.append(done)
+            messages.append({"role": "tool", "tool_call_id": cid, "name": call.name,
+                             "content": done.output})
+    return run
+
+
+def _last_step_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the last assistant message with calls (its results stay verbatim)."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "assistant" and messages[index].get("tool_calls"):
+            return index
+    return len(messages)

@@ -1,0 +1,142 @@
+"""Saving and loading a live session: its cache rows, token ids and settings, checked strictly.
+
+Contract: ``save_session(session, path)`` writes one safetensors file (the live K/V of every
+layer, the token ids, the next-token logits) with JSON metadata (format version, the model's
+fingerprint, a digest of the chat template, dtype, V layout and the session's settings). The
+file is written to a temporary name beside ``path`` and renamed into place, so a crash never
+leaves a half-written session under ``path``. ``load_session(model, tokenizer, path)`` refuses,
+before building anything, a file that is not a session of this version (:class:`FormatError`,
+naming the field), or one made for another model, template or dtype
+(:class:`ModelMismatchError`, listing every difference). A loaded session continues exactly
+where the saved one stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from nexus_mlx.agent.session import Session
+from nexus_mlx.errors import FormatError, ModelMismatchError
+from nexus_mlx.models.fingerprint import model_fingerprint
+from nexus_mlx.models.forward import make_cache
+
+FORMAT = "nexus-mlx-session"
+VERSION = 1
+
+
+def template_digest(tokenizer: Any) -> str:
+    """SHA-256 of the tokenizer's chat template (of ``""`` when it has none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return hashlib.sha256(str(template or "").encode()).hexdigest()
+
+
+def _identity(session: Session) -> dict[str, Any]:
+    cache = session.cache
+    return {
+        "model": model_fingerprint(session.model).as_dict(),
+        "template": template_digest(session.tokenizer),
+        "dtype": str(cache.dtype),
+        "v_layout": cache.v_layout,
+        "layers": cache.num_layers,
+    }
+
+
+def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
+    """Write ``session`` to ``path`` atomically; returns the path."""
+    target = Path(path)
+    with session.lock:
+        cache = session.cache
+        n = cache.n_past
+        arrays: dict[str, mx.array] = {
+            "tokens": mx.array(cache.tokens[:n].astype(np.int32)),
+        }
+        if session._last_logits is not None:
+            arrays["next_logits"] = session._last_logits.astype(mx.float32)
+        for layer in range(cache.num_layers):
+            arrays[f"k.{layer}"] = cache.keys(layer)
+            arrays[f"v.{layer}"] = cache.values(layer)
+        meta = {"format": FORMAT, "version": VERSION, "n_past": n, **_identity(session),
+                "settings": {"policy": session.policy, "budget": session.budget,
+                             "allocator": session.allocator, "min_reuse": session.min_reuse}}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".partial.safetensors",
+                                   dir=target.parent)
+        os.close(fd)
+        try:
+            mx.save_safetensors(tmp, arrays, metadata={"nexus": json.dumps(meta)})
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+def _read(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    try:
+        loaded: Any = mx.load(str(path), return_metadata=True)
+    except Exception as exc:  # mx.load raises plain errors on files it cannot parse
+        raise FormatError(f"{path} is not a readable safetensors file: {exc}") from None
+    arrays = cast(dict[str, mx.array], loaded[0])
+    metadata = cast(dict[str, str], loaded[1])
+    try:
+        meta = json.loads(metadata["nexus"])
+    except (KeyError, TypeError, ValueError):
+        raise FormatError(f"{path} has no nexus-mlx session metadata") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise FormatError(f"{path} is not a nexus-mlx session (format {meta.get('format')!r})")
+    if meta.get("version") != VERSION:
+        raise FormatError(f"{path} is session format version {meta.get('version')!r}; this "
+                          f"nexus-mlx reads version {VERSION}")
+    return arrays, meta
+
+
+def _check_arrays(path: Path, arrays: dict[str, mx.array], meta: dict[str, Any],
+                  expected: Session) -> None:
+    n, cache = meta.get("n_past"), expected.cache
+    if not isinstance(n, int) or n < 0 or "tokens" not in arrays or arrays["tokens"].shape != (n,):
+        raise FormatError(f"{path}: field n_past / tokens is inconsistent")
+    shape = (1, cache.n_kv_heads, n, cache.head_dim)
+    for layer in range(cache.num_layers):
+        for kind in ("k", "v"):
+            got = arrays.get(f"{kind}.{layer}")
+            if got is None or tuple(got.shape) != shape or got.dtype != cache.dtype:
+                raise FormatError(f"{path}: field {kind}.{layer} is missing or not {shape} "
+                                  f"{cache.dtype}")
+    logits = arrays.get("next_logits")
+    if n and (logits is None or logits.ndim != 1):
+        raise FormatError(f"{path}: field next_logits is missing")
+
+
+def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str]) -> Session:
+    """The session saved at ``path``, for ``model`` and ``tokenizer`` (see the module docstring)."""
+    source = Path(path)
+    arrays, meta = _read(source)
+    settings = meta.get("settings")
+    if not isinstance(settings, dict):
+        raise FormatError(f"{source}: field settings is missing")
+    session = Session(model, tokenizer, **settings)
+    mine = _identity(session)
+    differ = [f"{key}: file {meta.get(key)!r} != here {mine[key]!r}" for key in mine
+              if meta.get(key) != mine[key]]
+    if differ:
+        raise ModelMismatchError(f"{source} was saved for another model or template: "
+                                 + "; ".join(differ))
+    _check_arrays(source, arrays, meta, session)
+    n = int(meta["n_past"])
+    cache = make_cache(model)
+    if n:
+        keys = [arrays[f"k.{layer}"] for layer in range(cache.num_layers)]
+        values = [arrays[f"v.{layer}"] for layer in range(cache.num_layers)]
+        cache.write(np.arange(n), keys, values, tokens=np.array(arrays["tokens"]).astype(np.int64))
+        cache.evaluate()
+        session._last_logits = arrays["next_logits"]
+    session.cache = cache
+    return session

@@ -1,0 +1,341 @@
+"""Tool calls in the model's own chat format, constrained while they are generated.
+
+The format is Hermes / Qwen 2.5's (what their chat templates render and teach)::
+
+    <tool_call>
+    {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}
+    </tool_call>
+
+Contract:
+- :func:`call_schema` is the JSON Schema of one call over the offered tools: one alternative per
+  tool, ``name`` a constant and ``arguments`` that tool's input schema.
+- :class:`TurnConstraint` drives one assistant turn under a ``tool_choice``: ``"none"`` (the
+  call opener is banned where it is one token), ``"auto"`` (free text; once the model writes the
+  opener, the call's JSON is constrained by the schema grammar, llguidance), ``"required"`` or a
+  tool name (the turn starts with a forced opener, the JSON constrained to all tools or the named
+  one). After a call closes, a turn with ``parallel`` calls may open another or end; otherwise it
+  must end. ``allowed()`` returns the bool mask ``(V,)`` for the next token, or None when
+  unconstrained; ``accept(token)`` advances. Expected refusals are masks, never exceptions.
+- :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls.
+- :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
+  same format.
+
+It does not run the model or sample (the session does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
+from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.errors import ArgumentError, ToolError
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParsedTurn:
+    content: str  # the prose outside the calls, stripped
+    calls: list[ParsedCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # calls that did not parse
+
+
+def function_of(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The function definition of an OpenAI-style tool (``{"type": "function", "function":
+    {...}}``) or of a bare ``{"name", "parameters"}`` definition."""
+    fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ToolError(f"a tool needs a function with a non-empty name, got {tool!r:.80}")
+    return fn
+
+
+def call_schema(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """JSON Schema of one call to any of ``tools``."""
+    if not tools:
+        raise ToolError("a tool call needs at least one tool")
+    options = []
+    for tool in tools:
+        fn = function_of(tool)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        options.append({"type": "object",
+                        "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                        "required": ["name", "arguments"]})
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """The prose and the calls of a finished turn (a call without its closer still counts)."""
+    calls, errors = [], []
+    for match in _CALL.finditer(text):
+        try:
+            value = json.loads(match.group(1))
+            if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+                raise ValueError("not an object with a string 'name'")
+            arguments = value.get("arguments", {})
+            if isinstance(arguments, str):  # some models write the arguments as a JSON string
+                arguments = json.loads(arguments)
+            if not isinstance(arguments, dict):
+                raise ValueError("'arguments' is not an object")
+            calls.append(ParsedCall(value["name"], arguments))
+        except ValueError as exc:
+            errors.append(f"{match.group(1)[:80]!r}: {exc}")
+    return ParsedTurn(_CALL.sub("", text).strip(), calls, errors)
+
+
+def tools_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Instructions that show ``tools`` and the call format to a model whose template does not."""
+    lines = "\n".join(json.dumps({"type": "function", "function": dict(function_of(t))})
+                      for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{lines}\n</tools>\n\nFor each function call, return a json object with "
+            f"function name and arguments within {CALL_OPEN}{CALL_CLOSE} XML tags:\n{CALL_OPEN}\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n' + CALL_CLOSE)
+
+
+class TurnConstraint:
+    """The state of one assistant turn under a ``tool_choice`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[Mapping[str, Any]],
+        tool_choice: str | Mapping[str, Any] = "auto",
+        *,
+        parallel: bool = True,
+        eos_ids: Sequence[int] = (),
+    ) -> None:
+        self.vocab = vocab_of(tokenizer)
+        names = [function_of(t)["name"] for t in tools]
+        choice = _choice_name(tool_choice)
+        if choice not in ("none", "auto", "required") and choice not in names:
+            raise ArgumentError(f"tool_choice names {choice!r}, which is not among the offered "
+                                f"tools {names}")
+        if choice != "none" and not tools:
+            raise ArgumentError(f"tool_choice {choice!r} needs at least one tool")
+        offered = [t for t in tools if function_of(t)["name"] == choice] if choice in names else tools
+        self.choice, self.parallel = choice, parallel
+        self.eos_ids = tuple(int(i) for i in (eos_ids or self.vocab.eos_ids))
+        self._tokenizer = tokenizer
+        self._opener = list(tokenizer.encode(CALL_OPEN, add_special_tokens=False))
+        self._newline = list(tokenizer.encode("\n", add_special_tokens=False))
+        self._closer = self._newline + list(tokenizer.encode(CALL_CLOSE, add_special_tokens=False))
+        self._compiled = compile_schema(call_schema(offered)) if offered and choice != "none" else None
+        self._json: JsonConstraint | None = None
+        self._text = ""  # free text since the last call
+        self._forced: list[int] = []
+        self._json_next = False  # the JSON starts once the forced ids are written
+        self.calls = 0
+        if choice not in ("none", "auto"):  # the opener as the template would tokenize it
+            self._open_call(list(tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False)))
+
+    def _open_call(self, forced: list[int]) -> None:
+        self._forced, self._json_next = list(forced), True
+        if not self._forced:
+            self._start_json()
+
+    def _start_json(self) -> None:
+        assert self._compiled is not None
+        self._json = JsonConstraint(self._compiled, self._tokenizer, guard_placeholders=False)
+        self._json_next = False
+
+    # ---- per token ----------------------------------------------------------------------
+    def allowed(self) -> np.ndarray | None:
+        """The bool mask of the next token, or None where anything goes."""
+        if self._forced:
+            return self._only(self._forced[0])
+        if self._json is not None:
+            return self._json.allowed_mask()
+        if self.calls and not self.parallel:
+            return self._only(*self.eos_ids)
+        if self.choice == "none" and len(self._opener) == 1:
+            mask = np.ones(self.vocab.size, dtype=bool)
+            mask[self._opener[0]] = False
+            return mask
+        return None
+
+    def accept(self, token: int) -> None:
+        """Advance by the sampled ``token`` (one the last mask allowed)."""
+        token = int(token)
+        if self._forced:
+            self._forced.pop(0)
+            if not self._forced and self._json_next:
+                self._start_json()
+            return
+        if self._json is not None:
+            self._json.accept_token(token)
+            if self._json.is_complete():
+                self._json, self._text = None, ""
+                self.calls += 1
+                self._forced = list(self._closer)
+            return
+        self._text += self._token_text(token)
+        if self._compiled is not None and self._text.endswith(CALL_OPEN):
+            self._open_call(self._newline)
+
+    def _token_text(self, token: int) -> str:
+        if token in self.vocab.special_ids or not self.vocab.token_bytes[token]:
+            return str(self._tokenizer.decode([token]))
+        return self.vocab.token_bytes[token].decode("utf-8", errors="replace")
+
+    def _only(self, *ids: int) -> np.ndarray:
+        mask = np.zeros(self.vocab.size, dtype=bool)
+        mask[list(ids)] = True
+        return mask
+
+
+def _choice_name(tool_choice: str | Mapping[str, Any]) -> str:
+    if isinstance(tool_choice, str):
+        return tool_choice
+    if isinstance(tool_choice, Mapping):  # {"type": "function", "function": {"name": ...}}
+        fn = tool_choice.get("function")
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            return str(fn["name"])
+    raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or "
+                        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+
+
+class ResponseConstraint:
+    """A reply that is one JSON value under ``schema`` (``response_format``), then the end of
+    the turn."""
+
+    def __init__(self, tokenizer: Any, schema: Mapping[str, Any] | bool,
+                 eos_ids: Sequence[int] = ()) -> None:
+        self.vocab = vocab_of(tokenizer)
+        self.eos_ids = tuple(int(i) for i in (eos_ids or self.vocab.eos_ids))
+        compiled = compile_schema(schema, closed=False, required_first=False)
+        self._json = JsonConstraint(compiled, tokenizer, guard_placeholders=False)
+
+    def allowed(self) -> np.ndarray | None:
+        if self._json.is_complete():
+            mask = np.zeros(self.vocab.size, dtype=bool)
+            mask[list(self.eos_ids)] = True
+            return mask
+        return self._json.allowed_mask()
+
+    def accept(self, token: int) -> None:
+        if not self._json.is_complete():
+            self._json.accept_token(int(token))
+
+
+def response_schema(response_format: Mapping[str, Any]) -> Mapping[str, Any] | bool | None:
+    """The JSON Schema an OpenAI ``response_format`` asks for (None for plain text)."""
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, (Mapping, bool)):
+            raise ArgumentError("response_format json_schema needs {'json_schema': {'schema': ...}}")
+        return schema
+    raise ArgumentError(f"response_format type {kind!r} is not 'text', 'json_object' or "
+                        "'json_schema'")
+
+
+def turn_constraint(
+    tokenizer: Any,
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: str | Mapping[str, Any],
+    parallel: bool,
+    response_format: Mapping[str, Any] | None,
+    eos_ids: Sequence[int] | set[int] = (),
+) -> TurnConstraint | ResponseConstraint | None:
+    """The constraint of one assistant turn: a JSON reply, a tool-call turn, or None (free)."""
+    schema = response_schema(response_format) if response_format else None
+    eos = sorted(eos_ids)
+    if schema is not None:
+        if tools and _choice_name(tool_choice) not in ("none", "auto"):
+            raise ArgumentError("a turn cannot both force a tool call and a response_format")
+        return ResponseConstraint(tokenizer, schema, eos)
+    if not tools:
+        if _choice_name(tool_choice) not in ("none", "auto"):
+            raise ArgumentError(f"tool_choice {_choice_name(tool_choice)!r} needs tools")
+        return None
+    return TurnConstraint(tokenizer, tools, tool_choice, parallel=parallel, eos_ids=eos)
+
+
+def normalized_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of chat messages as templates expect them: ``content`` a string, and tool-call
+    ``arguments`` objects (the OpenAI API sends them as JSON strings)."""
+    out = []
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ArgumentError(f"a message needs a string 'role', got {message!r:.80}")
+        m = dict(message)
+        if m.get("content") is None:
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_normalized_call(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _normalized_call(call: Any) -> dict[str, Any]:
+    fn = call.get("function", call) if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ArgumentError(f"an assistant tool call needs a function name, got {call!r:.80}")
+    arguments = fn.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            raise ArgumentError(f"tool call {fn['name']!r} has arguments that are not JSON: "
+                                f"{exc}") from None
+    return {**dict(call), "type": "function", "function": {"name": fn["name"],
+                                                            "arguments": arguments}}
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template shows tools (probed with one named tool)."""
+    probe = {"type": "function", "function": {"name": "nexus_probe_tool_name", "parameters": {}}}
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                             add_generation_prompt=True, tokenize=False)
+    except Exception:
+        return False
+    return "nexus_probe_tool_name" in str(text)
+
+
+def textual_messages(messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template that knows nothing of tools: the tools in the system message,
+    assistant calls as ``<tool_call>`` text, tool results as user turns in
+    ``<tool_response>`` tags — the format the model is asked to write."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(
+                f"{CALL_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n{CALL_CLOSE}"
+                for c in m["tool_calls"])
+            content = f"{m.get('content') or ''}\n{calls}".strip()
+            out.append({"role": "assistant", "content": content})
+        elif m.get("role") == "tool":
+            out.append({"role": "user",
+                        "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    if tools:
+        prompt = tools_system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out

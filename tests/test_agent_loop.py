@@ -1,0 +1,69 @@
+"""The agent loop over a live session, on real parts: the live mcp-server-time, the default LLM
+with constrained calls in the model's own format; pruning of old tool results; failures that
+become tool results instead of exceptions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nexus_mlx.agent.loop import execute_call, openai_tool, pruned, run_agent
+from nexus_mlx.agent.mcp_server import McpServer, installed_server
+from nexus_mlx.agent.session import Session
+from nexus_mlx.decode.call_format import ParsedCall
+from nexus_mlx.errors import ArgumentError
+from nexus_mlx.tools.registry import ToolRegistry
+from nexus_mlx.tools.tool import Tool
+
+
+def test_pruning_replaces_only_old_bulky_results():
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "tool", "name": "git_log", "content": "x" * 1000},
+            {"role": "tool", "name": "git_log", "content": "short"},
+            {"role": "tool", "name": "git_log", "content": "y" * 1000}]
+    out = pruned(msgs, keep_from=3, payload_chars=100)
+    assert out[1]["content"].startswith("[result of git_log") and len(out[1]["content"]) < 200
+    assert out[2]["content"] == "short" and out[3]["content"] == "y" * 1000
+    assert msgs[1]["content"] == "x" * 1000  # the caller's messages are not modified
+
+
+def test_unknown_tools_and_missing_servers_become_error_results():
+    registry = ToolRegistry([Tool("now", "the time", {"type": "object", "properties": {}},
+                                  server="time")])
+    unknown = execute_call(ParsedCall("time.rm", {}), registry, {})
+    assert not unknown.ok and unknown.output.startswith("error: unknown tool 'time.rm'")
+    orphan = execute_call(ParsedCall("time.now", {}), registry, {})
+    assert not orphan.ok and "no running server" in orphan.output
+    assert openai_tool(registry.get("time.now"))["function"]["name"] == "time.now"
+
+
+def test_empty_requests_are_refused(default_model):
+    model, tokenizer = default_model
+    with pytest.raises(ArgumentError, match="empty"):
+        run_agent(Session(model, tokenizer), [], "  ", ToolRegistry(), {})
+
+
+def test_the_loop_calls_a_live_server_and_reuses_the_cache(default_model):
+    model, tokenizer = default_model
+    spec = installed_server("mcp-server-time", "mcp_server_time", namespace="time",
+                            call_timeout=20)
+    with McpServer(spec) as server:
+        registry = server.list_tools()
+        session = Session(model, tokenizer)
+        run = run_agent(session, [], "What is the current time in the UTC timezone?", registry,
+                        {"time": server}, tool_choice="required", max_steps=2, max_tokens=64)
+    assert run.executions, "the first step is forced to call a tool"
+    first = run.executions[0]
+    assert first.name in registry.names()
+    tool_turns = [m for m in run.messages if m["role"] == "tool"]
+    assert tool_turns and tool_turns[0]["content"] == first.output
+    call = next(m for m in run.messages if m.get("tool_calls"))["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == first.arguments
+    if first.ok:  # the server accepted the call: its answer is real JSON from the server
+        assert "datetime" in json.loads(first.output) or "time" in first.output
+    # the second step keeps the whole first prompt; only the re-rendered call (its tokens may
+    # differ from the sampled ones) and the tool result are computed
+    assert len(run.steps) >= 2 and run.steps[1].reused >= run.steps[0].prompt_tokens
+    assert run.steps[1].computed < run.steps[1].prompt_tokens - run.steps[0].prompt_tokens + 64
+    assert run.finish in ("answer", "step_limit")

@@ -1,0 +1,157 @@
+"""Tool calls in the model's own format: the call schema, the parser (fuzzed), the turn
+constraint driven token by token over a real tokenizer, and the text rendering for templates
+that know nothing of tools."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nexus_mlx.decode.call_format import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ResponseConstraint,
+    TurnConstraint,
+    call_schema,
+    normalized_messages,
+    parse_tool_calls,
+    response_schema,
+    textual_messages,
+    turn_constraint,
+)
+from nexus_mlx.errors import ArgumentError, ToolError
+
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in an IANA timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}
+LOG = {"type": "function", "function": {
+    "name": "git_log", "description": "Recent commits",
+    "parameters": {"type": "object", "properties": {"max_count": {"type": "integer"}}}}}
+
+
+def test_call_schema_has_one_alternative_per_tool():
+    one = call_schema([TIME])
+    assert one["properties"]["name"] == {"const": "get_time"} and one["required"] == ["name", "arguments"]
+    both = call_schema([TIME, LOG])
+    assert [a["properties"]["name"]["const"] for a in both["anyOf"]] == ["get_time", "git_log"]
+    with pytest.raises(ToolError):
+        call_schema([])
+    with pytest.raises(ToolError, match="non-empty name"):
+        call_schema([{"type": "function", "function": {"name": ""}}])
+
+
+def test_parse_calls_and_prose():
+    text = (f"Let me check.\n{CALL_OPEN}\n" + '{"name": "get_time", "arguments": {"timezone": "UTC"}}'
+            + f"\n{CALL_CLOSE}\n{CALL_OPEN}\n" + '{"name": "git_log", "arguments": "{\\"max_count\\": 2}"}'
+            + f"\n{CALL_CLOSE}")
+    turn = parse_tool_calls(text)
+    assert turn.content == "Let me check."
+    assert [(c.name, c.arguments) for c in turn.calls] == [("get_time", {"timezone": "UTC"}),
+                                                           ("git_log", {"max_count": 2})]
+    broken = parse_tool_calls(f"{CALL_OPEN}\n{{\"name\": 3}}\n{CALL_CLOSE}{CALL_OPEN}{{oops")
+    assert broken.calls == [] and len(broken.errors) == 2
+    unclosed = parse_tool_calls(f'{CALL_OPEN}\n{{"name": "git_log", "arguments": {{}}}}')
+    assert [c.name for c in unclosed.calls] == ["git_log"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list('<>/{}":, \n1') + ["tool_call", "name", "arguments", CALL_OPEN,
+                                                      CALL_CLOSE, "a"]), max_size=40))
+def test_parser_never_raises(pieces):
+    text = "".join(pieces)
+    turn = parse_tool_calls(text)
+    assert isinstance(turn.content, str)
+    for call in turn.calls:
+        assert isinstance(call.name, str) and isinstance(call.arguments, dict)
+
+
+def _drive(constraint, tokenizer, text: str) -> list[bool]:
+    """Feed ``text``'s tokens, recording whether each was allowed by the mask before it."""
+    allowed = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        mask = constraint.allowed()
+        allowed.append(mask is None or bool(mask[token]))
+        constraint.accept(token)
+    return allowed
+
+
+CALL_TEXT = f'{CALL_OPEN}\n{{"name": "get_time", "arguments": {{"timezone": "UTC"}}}}\n{CALL_CLOSE}'
+
+
+def test_required_forces_the_opener_and_the_schema(default_tokenizer):
+    tc = TurnConstraint(default_tokenizer, [TIME, LOG], "required", parallel=False)
+    first = tc.allowed()
+    assert first is not None and first.sum() == 1
+    assert all(_drive(tc, default_tokenizer, CALL_TEXT))
+    assert tc.calls == 1
+    end = tc.allowed()
+    assert end is not None and set(np.flatnonzero(end)) == set(tc.eos_ids)
+
+
+def test_auto_is_free_until_the_opener_then_refuses_unknown_names(default_tokenizer):
+    tc = TurnConstraint(default_tokenizer, [TIME], "auto")
+    assert tc.allowed() is None
+    _drive(tc, default_tokenizer, f"Sure.{CALL_OPEN}\n")
+    mask = tc.allowed()
+    assert mask is not None
+    wrong = default_tokenizer.encode('{"name": "rm', add_special_tokens=False)
+    ok = _drive(tc, default_tokenizer, '{"name": "')
+    assert all(ok)
+    assert not mask.all()
+    bad = default_tokenizer.encode("rm", add_special_tokens=False)[0]
+    assert not tc.allowed()[bad], wrong
+
+
+def test_named_choice_restricts_to_that_tool(default_tokenizer):
+    tc = TurnConstraint(default_tokenizer, [TIME, LOG], {"type": "function",
+                                                         "function": {"name": "git_log"}})
+    text = f'{CALL_OPEN}\n{{"name": "get_time", "arguments": {{"timezone": "UTC"}}}}'
+    assert not all(_drive(tc, default_tokenizer, text))
+    with pytest.raises(ArgumentError, match="not among"):
+        TurnConstraint(default_tokenizer, [TIME], {"type": "function", "function": {"name": "x"}})
+    with pytest.raises(ArgumentError):
+        TurnConstraint(default_tokenizer, [TIME], 42)  # type: ignore[arg-type]
+
+
+def test_response_format(default_tokenizer):
+    assert response_schema({"type": "text"}) is None
+    assert response_schema({"type": "json_object"}) == {"type": "object"}
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    assert response_schema({"type": "json_schema", "json_schema": {"schema": schema}}) == schema
+    for bad in ({"type": "xml"}, {"type": "json_schema", "json_schema": {}}):
+        with pytest.raises(ArgumentError):
+            response_schema(bad)
+    rc = ResponseConstraint(default_tokenizer, schema)
+    assert all(_drive(rc, default_tokenizer, '{"city": "Paris"}'))
+    assert set(np.flatnonzero(rc.allowed())) == set(rc.eos_ids)
+    with pytest.raises(ArgumentError, match="both"):
+        turn_constraint(default_tokenizer, [TIME], "required", True, {"type": "json_object"})
+    assert turn_constraint(default_tokenizer, [], "auto", True, None) is None
+
+
+def test_messages_for_templates_without_tools():
+    msgs = normalized_messages([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_time", "arguments": '{"timezone": "UTC"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ])
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"timezone": "UTC"}
+    text = textual_messages(msgs, [TIME])
+    assert text[0]["role"] == "system" and text[0]["content"].startswith("Be brief.")
+    assert '"name": "get_time"' in text[0]["content"] and "<tools>" in text[0]["content"]
+    call = json.loads(text[2]["content"].split("\n")[1])
+    assert call == {"name": "get_time", "arguments": {"timezone": "UTC"}}
+    assert text[3] == {"role": "user", "content": "<tool_response>\n12:00\n</tool_response>"}
+    with pytest.raises(ArgumentError, match="not JSON"):
+        normalized_messages([{"role": "assistant", "tool_calls": [
+            {"function": {"name": "f", "arguments": "{oops"}}]}])
+    with pytest.raises(ArgumentError, match="role"):
+        normalized_messages([{"content": "no role"}])
