@@ -1,0 +1,289 @@
+"""Live sessions on multi-turn tool-using trajectories: re-prefill, a prefix cache, and the
+session's exact and repair policies on the same requests.
+
+Contract: ``python bench/agent_session.py [--model M] [--n N] [--requests R] [--quick]``
+replays ``N`` trajectories (``bench/tasks/trajectories.py``: appends, tool-list changes,
+deleted or truncated tool results, edited messages) over the GitHub MCP tool definitions plus
+the live ``mcp-server-time`` and ``mcp-server-git`` tools, whose results are real answers of
+those servers on a temporary git repository. Arms, interleaved request by request (their order
+rotates):
+
+- ``reprefill``: a fresh cache per request (our engine);
+- ``prefix``: mlx-lm's own prompt cache and forward, reused up to the first differing token and
+  trimmed there (what ``mlx_lm.server`` does);
+- ``exact``: ``Session(policy="exact")`` (the same policy on our engine);
+- ``repair-2`` / ``repair-5``: ``Session(policy="repair", budget=2 / 5)``.
+
+Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
+computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
+as a server keeps them). Fidelity against re-prefill: first-token KL, first 16 greedy tokens
+identical, tool calls in the decoded text identical (both none counts as identical).
+JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
+"calls_identical", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
+``deep``: the non-append classes at depth >= 1,024 tokens), plus every request's record.
+"""
+
+from __future__ import annotations
+
+from common import arg_parser, emit, shared_data  # first: loads nexus_mlx + fast BLAS
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from tasks.trajectories import EDIT_CLASSES, make_trajectories
+
+from nexus_mlx import forward, load, make_cache
+from nexus_mlx.agent.alignment import common_prefix
+from nexus_mlx.agent.mcp_server import McpServer, installed_server
+from nexus_mlx.agent.session import PREFILL_CHUNK, Session
+from nexus_mlx.decode.call_format import parse_tool_calls
+from nexus_mlx.metrics import next_token_kl
+
+ARMS = ("reprefill", "prefix", "exact", "repair-2", "repair-5")
+DEEP = 1024
+
+
+# ---------------------------------------------------------------------------- tools and results
+
+def _git_repository(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                       env={"GIT_AUTHOR_NAME": "Ada", "GIT_AUTHOR_EMAIL": "ada@example.com",
+                            "GIT_COMMITTER_NAME": "Ada", "GIT_COMMITTER_EMAIL": "ada@example.com",
+                            "PATH": "/usr/bin:/bin"})
+
+    git("init", "-q", "-b", "main")
+    for i, (name, text) in enumerate([("README.md", "# demo\n"), ("parser.py", "def parse():\n"),
+                                      ("login.py", "def login(user):\n    return True\n")]):
+        (repo / name).write_text(text * (i + 1))
+        git("add", name)
+        git("commit", "-q", "-m", f"Add {name}: the {['docs', 'parser', 'login flow'][i]}")
+    (repo / "parser.py").write_text("def parse(text):\n    return text.split()\n")
+    return repo
+
+
+def live_tools(workdir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The live time and git tools and real results of each, from the running servers."""
+    repo = _git_repository(workdir)
+    specs = [installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
+             installed_server("mcp-server-git", "mcp_server_git", "--repository", str(repo),
+                              namespace="git")]
+    calls = {"time.get_current_time": [{"timezone": z} for z in ("Asia/Tokyo", "UTC",
+                                                                  "Europe/London")],
+             "time.convert_time": [{"source_timezone": "America/New_York", "time": "14:30",
+                                    "target_timezone": "Europe/London"}],
+             "git.git_log": [{"repo_path": str(repo), "max_count": n} for n in (2, 3)],
+             "git.git_status": [{"repo_path": str(repo)}],
+             "git.git_diff_unstaged": [{"repo_path": str(repo)}]}
+    tools: list[dict[str, Any]] = []
+    results: dict[str, list[str]] = {}
+    for spec in specs:
+        with McpServer(spec) as server:
+            for tool in server.list_tools():
+                tools.append({"type": "function", "function": {
+                    "name": tool.qualified_name, "description": tool.description,
+                    "parameters": dict(tool.input_schema)}})
+                for arguments in calls.get(tool.qualified_name, []):
+                    answer = server.call_tool(tool.qualified_name, arguments, timeout=30)
+                    results.setdefault(tool.qualified_name, []).append(answer.text)
+    return tools, results
+
+
+def github_tools(limit: int | None) -> list[dict[str, Any]]:
+    data = json.loads(shared_data("github-mcp", "tools.json").read_text())
+    rows = data["tools"] if isinstance(data, dict) else data
+    return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                              "parameters": t["inputSchema"]}}
+            for t in rows[:limit]]
+
+
+# ---------------------------------------------------------------------------- arms
+
+class Reprefill:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache = make_cache(model)
+
+    def step(self, ids: np.ndarray) -> tuple[mx.array, int, str]:
+        self.cache = make_cache(self.model)
+        for start in range(0, ids.size, PREFILL_CHUNK):
+            logits = forward(self.model, ids[start:start + PREFILL_CHUNK], self.cache,
+                             logits="last")
+        mx.eval(logits)
+        return logits[0, -1], int(ids.size), "prefill"
+
+    def decode(self, token: int) -> mx.array:
+        out = forward(self.model, [token], self.cache, logits="last")[0, -1]
+        mx.eval(out)
+        return out
+
+
+class PrefixCache:
+    """mlx-lm's prompt cache and forward, reused to the first differing token."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache = make_prompt_cache(model)
+        self.tokens: list[int] = []
+
+    def step(self, ids: np.ndarray) -> tuple[mx.array, int, str]:
+        keep = min(common_prefix(np.array(self.tokens, np.int64), ids), ids.size - 1)
+        trim_prompt_cache(self.cache, len(self.tokens) - keep)
+        rest = ids[keep:]
+        for start in range(0, rest.size, PREFILL_CHUNK):
+            chunk = mx.array(rest[start:start + PREFILL_CHUNK].astype(np.int32))[None]
+            logits = self.model(chunk, cache=self.cache)
+        mx.eval(logits)
+        self.tokens = ids.tolist()
+        return logits[0, -1].astype(mx.float32), int(rest.size), f"prefix {keep}"
+
+    def decode(self, token: int) -> mx.array:
+        out = self.model(mx.array([[token]]), cache=self.cache)[0, -1].astype(mx.float32)
+        mx.eval(out)
+        self.tokens.append(token)
+        return out
+
+
+class SessionArm:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def step(self, ids: np.ndarray) -> tuple[mx.array, int, str]:
+        report = self.session.step_ids(ids)
+        return (self.session.next_token_logits(), report.computed + report.repaired,
+                report.path)
+
+    def decode(self, token: int) -> mx.array:
+        out = forward(self.session.model, [token], self.session.cache, logits="last")[0, -1]
+        mx.eval(out)
+        self.session._last_logits = out
+        return out
+
+
+def make_arms(model: Any, tokenizer: Any) -> dict[str, Any]:
+    return {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
+            "exact": SessionArm(Session(model, tokenizer, policy="exact")),
+            "repair-2": SessionArm(Session(model, tokenizer, budget=2.0)),
+            "repair-5": SessionArm(Session(model, tokenizer, budget=5.0))}
+
+
+def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int]) -> dict[str, Any]:
+    start = time.perf_counter()
+    logits, computed, path = arm.step(ids)
+    ttft = (time.perf_counter() - start) * 1e3
+    first = np.array(logits)
+    tokens: list[int] = []
+    while len(tokens) < decode:
+        token = int(mx.argmax(logits).item())
+        tokens.append(token)
+        if token in eos:
+            break
+        logits = arm.decode(token)
+    return {"ttft_ms": ttft, "computed": computed, "path": path, "tokens": tokens,
+            "first_logits": first}
+
+
+# ---------------------------------------------------------------------------- summary
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    groups = {c: [r for r in records if r["edit"] == c] for c in EDIT_CLASSES}
+    groups["deep"] = [r for r in records if r["edit"] != "append" and r["depth"] >= DEEP]
+    for arm in ARMS:
+        out[arm] = {}
+        for name, rows in groups.items():
+            if not rows:
+                continue
+            ttft = float(np.mean([r["arms"][arm]["ttft_ms"] for r in rows]))
+            prefix = float(np.mean([r["arms"]["prefix"]["ttft_ms"] for r in rows]))
+            out[arm][name] = {
+                "ttft_ms": ttft, "speedup_vs_prefix": prefix / ttft if ttft else float("nan"),
+                "agree16": float(np.mean([r["arms"][arm]["agree16"] for r in rows])),
+                "calls_identical": float(np.mean([r["arms"][arm]["calls_identical"] for r in rows])),
+                "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),
+                "computed": float(np.mean([r["arms"][arm]["computed"] for r in rows])),
+                "n": len(rows)}
+    return out
+
+
+def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
+    import plots
+
+    classes = [c for c in (*EDIT_CLASSES, "deep") if c in summary["prefix"]]
+    fig, (ax_t, ax_a) = plots.figure(2, width=11)
+    width = 0.8 / len(ARMS)
+    for i, arm in enumerate(ARMS):
+        xs = np.arange(len(classes)) + i * width
+        ax_t.bar(xs, [summary[arm][c]["ttft_ms"] for c in classes], width, label=arm)
+        ax_a.bar(xs, [summary[arm][c]["agree16"] for c in classes], width, label=arm)
+    for ax, label in ((ax_t, "mean TTFT (ms)"), (ax_a, "first 16 greedy tokens = re-prefill")):
+        ax.set_xticks(np.arange(len(classes)) + 0.4 - width / 2, classes)
+        ax.set_ylabel(label)
+    ax_t.set_title("Time to first token by edit class")
+    ax_a.set_title("Fidelity against re-prefill")
+    ax_t.legend()
+    plots.save(fig, name, quick)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--n", type=int, default=20, help="trajectories")
+    parser.add_argument("--requests", type=int, default=8, help="requests per trajectory")
+    parser.add_argument("--tools", type=int, default=6, help="tools offered per trajectory")
+    parser.add_argument("--decode", type=int, default=24, help="greedy tokens per request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    if args.quick:
+        args.n, args.requests, args.tools, args.decode = 1, 6, 3, 16
+    model, tokenizer = load(args.model)
+    with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
+        live, results = live_tools(Path(tmp))
+    pool = live + github_tools(None if not args.quick else 12)
+    trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed, args.tools)
+    render = Session(model, tokenizer)
+    eos = set(render.eos_token_ids)
+    records = []
+    for trajectory in trajectories:
+        arms = make_arms(model, tokenizer)
+        for r, request in enumerate(trajectory.requests):
+            ids = np.array(render.render(request.messages, request.tools), np.int64)
+            order = ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]
+            runs = {name: run_arm(arms[name], ids, args.decode, eos) for name in order}
+            ref = runs["reprefill"]
+            ref_calls = parse_tool_calls(tokenizer.decode(ref["tokens"])).calls
+            row = {"trajectory": trajectory.index, "request": r, "edit": request.edit,
+                   "detail": request.detail, "depth": int(ids.size), "arms": {}}
+            for name, run in runs.items():
+                calls = parse_tool_calls(tokenizer.decode(run["tokens"])).calls
+                row["arms"][name] = {
+                    "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
+                    "kl": next_token_kl(ref["first_logits"], run["first_logits"]),
+                    "agree16": run["tokens"][:16] == ref["tokens"][:16],
+                    "calls_identical": calls == ref_calls}
+            records.append(row)
+            print(f"traj {trajectory.index} req {r} {request.edit:>6} depth {ids.size:>5}: " +
+                  "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in ARMS), flush=True)
+    first = [r for r in records if r["request"] > 0]
+    summary = summarize(first)
+    name = "agent_session" + (f"_{args.tag}" if args.tag else "")
+    emit(name, {"model": args.model, "n_trajectories": args.n, "requests": args.requests,
+                "tools_per_trajectory": args.tools, "decode_tokens": args.decode,
+                "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
+                "summary": summary, "records": records}, args.quick)
+    draw(summary, name, args.quick)
+
+
+if __name__ == "__main__":
+    main()
