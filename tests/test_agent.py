@@ -3,7 +3,10 @@ INT8 SLB, the default LLM with constrained decoding; the sidecar window; the tur
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -27,6 +30,8 @@ CONVERSATION = [
     {"role": "assistant", "content": "Which city?"},
     {"role": "user", "content": "What time is it in Tokyo right now?"},
 ]
+TIME_REQUEST = [*CONVERSATION[:-1],
+                {"role": "user", "content": "What is the current time in the Asia/Tokyo timezone?"}]
 
 
 def test_sidecar_prunes_payloads_and_keeps_references():
@@ -59,14 +64,36 @@ def agent(default_model):
         yield Agent(model, tokenizer, registry, router, {"time": server}, max_argument_tokens=24)
 
 
-def test_turn_routes_generates_and_executes(agent):
-    turn = agent.turn(CONVERSATION)
+@pytest.fixture(scope="module")
+def time_turn(agent):
+    return agent.turn(TIME_REQUEST)
+
+
+def test_turn_routes_generates_and_executes(agent, time_turn):
+    """The request names its IANA zone, so the 135M model's call is one the server accepts:
+    the executed result must be the server's answer for that zone, not a refusal."""
+    turn = time_turn
     assert turn.route.chosen == "time.get_current_time"
     assert turn.call.name == "time.get_current_time" and turn.call.valid
-    assert set(turn.call.arguments) == {"timezone"}
-    result = agent.execute(turn)
-    assert isinstance(result, McpCallResult) and result.text  # the server answered (or refused)
+    assert turn.call.arguments == {"timezone": "Asia/Tokyo"}
     assert {"route", "arguments"} <= set(turn.timings)
+    before = datetime.now(timezone.utc)
+    result = agent.execute(turn)
+    assert isinstance(result, McpCallResult)
+    assert not result.is_error, result.text
+    answer = json.loads(result.text)
+    assert answer["timezone"] == "Asia/Tokyo"
+    when = datetime.fromisoformat(answer["datetime"])
+    assert when.utcoffset() == timedelta(hours=9)  # Japan has no daylight saving time
+    assert abs((when - before).total_seconds()) < 120  # "now", not a made-up time
+
+
+def test_a_refused_call_comes_back_as_an_error_result(agent, time_turn):
+    """A schema-valid call with an argument the server rejects is reported, not raised (so
+    ``is_error`` above really separates an answer from a refusal)."""
+    call = dataclasses.replace(time_turn.call, arguments={"timezone": "Mars/Olympus_Mons"})
+    result = agent.execute(dataclasses.replace(time_turn, call=call))
+    assert result.is_error and "Mars/Olympus_Mons" in result.text
 
 
 def test_concurrent_turns_are_bit_identical(agent):

@@ -16,9 +16,6 @@ from hypothesis import strategies as st
 from nexus_mlx.errors import ArgumentError, TokenError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.gguf_format import parse_gguf
-from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.models.tokenizer import token_char_spans
 from nexus_mlx.refresh import Edit, budget_tokens, repair, shift
 from nexus_mlx.refresh.allocators import (
@@ -50,12 +47,6 @@ DOC = (
     "We came back on Thursday, tired but happy.<|im_end|>\n"
 )
 QUERY = "Where is the vault key?"
-
-
-@pytest.fixture(scope="module")
-def smol():
-    path = resolve_package_spec("default")
-    return build_tokenizer(parse_gguf(path).metadata, path)
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +94,8 @@ def units_of(req):
 # ----------------------------------------------------------------------------- exact budgets
 
 
-def test_every_budget_is_exact(model, smol):
-    req = request(model, smol, DOC, 2, 12, 0)
+def test_every_budget_is_exact(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 0)
     s = req.suffix_length
     for name in NAMES:
         allocate = get_allocator(name)
@@ -116,13 +107,13 @@ def test_every_budget_is_exact(model, smol):
 @given(parts=st.lists(st.sampled_from(PARTS), min_size=1, max_size=12),
        edit=st.tuples(st.integers(0, 400), st.integers(1, 40)),
        pct=st.floats(0, 100), seed=st.integers(0, 2**31))
-def test_exact_budget_any_suffix(model, smol, parts, edit, pct, seed):
-    ids = smol.encode("".join(parts), add_special_tokens=False)
+def test_exact_budget_any_suffix(model, default_tokenizer, parts, edit, pct, seed):
+    ids = default_tokenizer.encode("".join(parts), add_special_tokens=False)
     if len(ids) < 2:
         return
     p0 = edit[0] % (len(ids) - 1)
     p1 = min(len(ids), p0 + edit[1])
-    req = request(model, smol, "".join(parts), p0, p1, pct, seed=seed)
+    req = request(model, default_tokenizer, "".join(parts), p0, p1, pct, seed=seed)
     for name in NAMES:
         got = checked_selection(get_allocator(name)(req), req.suffix_length, req.budget, name)
         assert got.size == req.budget
@@ -143,10 +134,10 @@ def is_whole_units_plus_one_window(selection, units) -> bool:
     return partial <= 1
 
 
-def test_sur_admits_whole_units_and_prefers_the_query_unit(model, smol):
-    req = request(model, smol, DOC, 2, 12, 0)
+def test_sur_admits_whole_units_and_prefers_the_query_unit(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 0)
     units = units_of(req)
-    pieces = [smol.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
+    pieces = [default_tokenizer.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
     target = next(k for k, p in enumerate(pieces) if "vault key" in p)
     r = token_relevance(model, req.suffix_tokens, req.query_tokens)
     assert rank(unit_scores(r, units))[0] == target
@@ -159,8 +150,8 @@ def test_sur_admits_whole_units_and_prefers_the_query_unit(model, smol):
         assert is_whole_units_plus_one_window(sur(with_budget(req, budget)), units)
 
 
-def test_sur_window_follows_the_decay_envelope(model, smol):
-    req = request(model, smol, DOC, 2, 12, 0)
+def test_sur_window_follows_the_decay_envelope(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 0)
     units = units_of(req)
     r = token_relevance(model, req.suffix_tokens, req.query_tokens)
     order = rank(unit_scores(r, units))
@@ -186,8 +177,8 @@ def test_envelope_and_window_by_hand():
 # ----------------------------------------------------------------------------- the controls
 
 
-def test_dense_tokens_and_single_window(model, smol):
-    req = request(model, smol, DOC, 2, 12, 10)
+def test_dense_tokens_and_single_window(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 10)
     r = token_relevance(model, req.suffix_tokens, req.query_tokens)
     assert get_allocator("dense_tokens")(req).tolist() == top_k_positions(r, req.budget).tolist()
     window = get_allocator("single_window")(req)
@@ -211,10 +202,10 @@ def test_terms_and_bm25_by_hand():
     assert bm25([[], []], ["a"]).tolist() == [0.0, 0.0] and bm25([], ["a"]).size == 0
 
 
-def test_bm25_units_take_the_matching_unit_first(model, smol):
-    req = request(model, smol, DOC, 2, 12, 0)
+def test_bm25_units_take_the_matching_unit_first(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 0)
     units = units_of(req)
-    pieces = [smol.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
+    pieces = [default_tokenizer.decode(req.suffix_tokens[a:b].tolist()) for a, b in units]
     target = next(k for k, p in enumerate(pieces) if "vault key" in p)
     a, b = units.ranges[target]
     allocate = get_allocator("bm25_units")
@@ -222,8 +213,8 @@ def test_bm25_units_take_the_matching_unit_first(model, smol):
     assert allocate(with_budget(req, 2)).tolist() == [a, a + 1]  # prefix fill
 
 
-def test_random_units_follow_the_seed(model, smol):
-    req = request(model, smol, DOC, 2, 12, 30, seed=7)
+def test_random_units_follow_the_seed(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 30, seed=7)
     allocate = get_allocator("random_units")
     one = allocate(req)
     assert allocate(req).tolist() == one.tolist()
@@ -234,8 +225,8 @@ def test_random_units_follow_the_seed(model, smol):
     assert is_whole_units_plus_one_window(one, units_of(req))
 
 
-def test_text_allocators_need_a_tokenizer(model, smol):
-    req = request(model, smol, DOC, 2, 12, 10)
+def test_text_allocators_need_a_tokenizer(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 10)
     bare = AllocationRequest(model, req.dirty, req.shifted, req.edit, req.query_tokens, req.budget)
     for name in TEXT_ALLOCATORS:
         with pytest.raises(ArgumentError, match=f"{name}.*tokenizer="):
@@ -274,10 +265,10 @@ def test_relevance_formula_blocks_and_quantized_table(model):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_repair_runs_end_to_end(model, smol, name):
-    ids = smol.encode(DOC, add_special_tokens=False)
+def test_repair_runs_end_to_end(model, default_tokenizer, name):
+    ids = default_tokenizer.encode(DOC, add_special_tokens=False)
     cache = filled(model, ids)
-    result = repair(model, cache, Edit(20, 40), QUERY, budget=10, allocator=name, tokenizer=smol)
+    result = repair(model, cache, Edit(20, 40), QUERY, budget=10, allocator=name, tokenizer=default_tokenizer)
     s = len(ids) - 40
     assert result.suffix_length == s and result.budget_tokens == math.ceil(s / 10)
     assert result.selected.size == result.budget_tokens and result.cache.n_past == len(ids) - 20

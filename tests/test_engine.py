@@ -87,14 +87,27 @@ def test_packed_refresh_of_fragmented_rows(model_and_ref):
 
 
 def test_packed_order_of_rows_differs_from_positions(model_and_ref):
-    """Row order need not follow position order: write the second half first."""
+    """Row order need not follow position order, across calls: the later half of the sequence
+    is written first (rows 0..half-1), the earlier half after it (rows half..T-1), then the later
+    half is re-forwarded in place. Attention must follow positions, not rows, at every step."""
     model, tokens, ref = model_and_ref
-    cache = make_cache(model)
     half = T // 2
-    # rows 0..half-1 hold the *later* positions; their attention only sees themselves so far
-    forward(model, tokens[:half], cache, positions=np.arange(half))
-    out = forward(model, tokens[half:], cache, positions=np.arange(half, T))
+    late, early = np.arange(half, T), np.arange(half)
+    cache = make_cache(model)
+    forward(model, tokens[late], cache, positions=late)  # rows 0..half-1; no context before them
+    # rows half..T-1 at positions 0..half-1: must not see rows 0..half-1 (later positions)
+    out = forward(model, tokens[early], cache, positions=early)
+    assert _max_diff(out[0], ref[:half]) <= TOL
+    assert np.array_equal(cache.positions, np.concatenate([late, early]))
+    # now the later half, in place, sees the earlier one in the rows after it
+    out = forward(model, tokens[late], cache, positions=late, rows=np.arange(half))
     assert _max_diff(out[0], ref[half:]) <= TOL
+    fresh = make_cache(model)
+    forward(model, tokens, fresh)
+    order = mx.array(np.argsort(cache.positions))  # the rows of positions 0..T-1
+    for i in range(cache.num_layers):
+        assert _max_diff(cache.keys(i)[:, :, order], fresh.keys(i)) <= 1e-5
+        assert _max_diff(cache.values(i)[:, :, order], fresh.values(i)) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

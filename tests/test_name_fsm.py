@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -14,38 +13,19 @@ from hypothesis import strategies as st
 from nexus_mlx.decode.name_fsm import NameFSM, TokenVocab, vocab_of
 from nexus_mlx.decode.tool_call import NAME_GLUE
 from nexus_mlx.errors import ToolError
-from nexus_mlx.models.gguf_format import parse_gguf
-from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.tools.registry import load_tools
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
 TERMINATORS = ('"', NAME_GLUE)
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    """The default model's tokenizer alone (rebuilt from the GGUF metadata, no weights)."""
-    try:
-        path = resolve_package_spec("default")
-    except Exception as exc:  # the model package is not installed
-        pytest.skip(f"default model unavailable: {exc}")
-    if path is None:
-        pytest.skip("default model unavailable")
-    return build_tokenizer(parse_gguf(path).metadata, path)
+def vocab(default_tokenizer) -> TokenVocab:
+    return vocab_of(default_tokenizer)
 
 
 @pytest.fixture(scope="session")
-def vocab(tokenizer) -> TokenVocab:
-    return vocab_of(tokenizer)
-
-
-@pytest.fixture(scope="session")
-def names() -> list[str]:
-    if not GITHUB.is_file():
-        pytest.skip(f"{GITHUB} not present")
-    return load_tools(GITHUB).names()
+def names(github_tools_file) -> list[str]:
+    return load_tools(github_tools_file).names()
 
 
 @pytest.fixture(scope="session", params=TERMINATORS, ids=["quote", "glue"])
@@ -61,23 +41,23 @@ def _prefix_set(fsm: NameFSM) -> set[bytes]:
     return {t[:k] for t in _targets(fsm) for k in range(len(t) + 1)}
 
 
-def test_vocab_bytes_match_llguidance(tokenizer, vocab):
+def test_vocab_bytes_match_llguidance(default_tokenizer, vocab):
     """Our byte view of every token equals llguidance's (the JSON phase sees the same text)."""
     from nexus_mlx.decode.json_constraint import ll_tokenizer
 
-    ll = ll_tokenizer(tokenizer)
+    ll = ll_tokenizer(default_tokenizer)
     assert vocab.size == ll.vocab_size == 49152
     assert vocab.eos_ids == (0, 2) and 2 in vocab.special_ids
     normal = [i for i in range(vocab.size) if i not in vocab.special_ids]
     assert all(vocab.token_bytes[i] == ll.decode_bytes([i]) for i in normal)
-    assert vocab_of(tokenizer) is vocab  # cached per tokenizer object
+    assert vocab_of(default_tokenizer) is vocab  # cached per tokenizer object
 
 
-def test_every_name_accepted_in_canonical_tokenization(fsm, tokenizer):
+def test_every_name_accepted_in_canonical_tokenization(fsm, default_tokenizer):
     """Each name, tokenized as it appears after ``{"name": "``, walks to completion."""
-    prefix = tokenizer.encode('{"name": "', add_special_tokens=False)
+    prefix = default_tokenizer.encode('{"name": "', add_special_tokens=False)
     for name in fsm.names:
-        ids = tokenizer.encode('{"name": "' + name + fsm.terminator, add_special_tokens=False)
+        ids = default_tokenizer.encode('{"name": "' + name + fsm.terminator, add_special_tokens=False)
         assert ids[: len(prefix)] == prefix
         fsm.reset()
         for token in ids[len(prefix):]:
@@ -140,9 +120,9 @@ def test_mask_equals_brute_force(fsm, vocab):
     fsm.reset()
 
 
-def test_rejections_leave_state_unchanged(names, vocab, tokenizer):
+def test_rejections_leave_state_unchanged(names, vocab, default_tokenizer):
     fsm = NameFSM(names, vocab)
-    assert fsm.accept_tokens(tokenizer.encode("create", add_special_tokens=False)) > 0
+    assert fsm.accept_tokens(default_tokenizer.encode("create", add_special_tokens=False)) > 0
     before = (fsm.prefix, list(fsm.tokens), fsm.allowed_mask().copy(), fsm.candidates())
     for bad in [*vocab.special_ids, vocab.by_bytes[b"xyz"][0], -1, vocab.size,
                 vocab.by_bytes[b'"'][0]]:
@@ -204,15 +184,15 @@ def test_random_walks_end_in_a_valid_name(fsm, seed):
     assert name in fsm.names and fsm.prefix == (name + fsm.terminator).encode()
 
 
-def test_logits_processor_follows_sampled_tokens(names, vocab, tokenizer):
+def test_logits_processor_follows_sampled_tokens(names, vocab, default_tokenizer):
     fsm = NameFSM(names, vocab)
     process = fsm.logits_processor()
-    prompt = mx.array(tokenizer.encode('{"name": "', add_special_tokens=False))
+    prompt = mx.array(default_tokenizer.encode('{"name": "', add_special_tokens=False))
     logits = mx.zeros((1, vocab.size + 64))  # a head wider than the tokenizer
     out = process(prompt, logits)
     allowed = np.array(out[0] > -np.inf)
     assert np.array_equal(allowed[: vocab.size], fsm.allowed_mask()) and not allowed[vocab.size:].any()
-    ids = tokenizer.encode("list_issues", add_special_tokens=False)
+    ids = default_tokenizer.encode("list_issues", add_special_tokens=False)
     history = mx.concatenate([prompt, mx.array(ids)])
     out = process(history, logits)
     assert fsm.prefix == b"list_issues"

@@ -24,34 +24,29 @@ _NUM = re.compile(r"\d{4}")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_model):
-    return default_model[1]
+def cases(default_tokenizer):
+    return niah_cases(default_tokenizer, SMALL)
 
 
-@pytest.fixture(scope="module")
-def cases(tokenizer):
-    return niah_cases(tokenizer, SMALL)
-
-
-def test_generator_is_deterministic(tokenizer, cases):
-    again = niah_cases(tokenizer, SMALL)
+def test_generator_is_deterministic(default_tokenizer, cases):
+    again = niah_cases(default_tokenizer, SMALL)
     for a, b in zip(cases, again, strict=True):
         assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.query, b.query)
         assert (a.edit, a.answer, a.deleted_answer, a.values) == (b.edit, b.answer, b.deleted_answer,
                                                                   b.values)
     # case i does not depend on how many cases are asked for
-    assert np.array_equal(make_case(tokenizer, SMALL_ONE, 5).tokens, cases[5].tokens)
-    other_seed = niah_cases(tokenizer, dataclasses.replace(SMALL, n_cases=2, seed=1))
+    assert np.array_equal(make_case(default_tokenizer, SMALL_ONE, 5).tokens, cases[5].tokens)
+    other_seed = niah_cases(default_tokenizer, dataclasses.replace(SMALL, n_cases=2, seed=1))
     assert not np.array_equal(other_seed[0].tokens, cases[0].tokens)
 
 
-def test_edit_rows_cover_exactly_the_deleted_text(tokenizer, cases):
+def test_edit_rows_cover_exactly_the_deleted_text(default_tokenizer, cases):
     for case in cases:
         p0, p1 = case.edit.p0, case.edit.p1
         assert 0 < p0 < p1 < case.n_tokens  # non-empty prefix, span and suffix
-        assert tokenizer.decode(case.tokens[p0:p1].tolist()) == case.e_text
-        assert tokenizer.decode(case.tokens[:p0].tolist()) == case.p_text
-        assert tokenizer.decode(case.tokens[p1:].tolist()) == case.s_text
+        assert default_tokenizer.decode(case.tokens[p0:p1].tolist()) == case.e_text
+        assert default_tokenizer.decode(case.tokens[:p0].tolist()) == case.p_text
+        assert default_tokenizer.decode(case.tokens[p1:].tolist()) == case.s_text
         assert f"is now {case.deleted_answer}." in case.e_text
 
 
@@ -72,30 +67,30 @@ def test_deleting_changes_the_gold_answer(cases):
         assert case.s_text.count(case.key) == SMALL.echoes  # the echoes name the key
 
 
-def test_query_ends_with_the_answer_prefix(tokenizer, cases):
+def test_query_ends_with_the_answer_prefix(default_tokenizer, cases):
     for case in cases:
-        text = tokenizer.decode(case.query.tolist())
+        text = default_tokenizer.decode(case.query.tolist())
         assert text.startswith("\n\n" + case.question)
         assert "<|im_start|>assistant\n" in text and text.endswith(answer_prefix(case.key))
-        prefix = tokenizer.encode(answer_prefix(case.key), add_special_tokens=False)
+        prefix = default_tokenizer.encode(answer_prefix(case.key), add_special_tokens=False)
         assert case.query[-len(prefix):].tolist() == prefix
         # the prefix's trailing space is the tokenizer's own token before digits: the natural
         # tokenization of "prefix + answer" continues the query's tokens with the digits
-        joint = tokenizer.encode(answer_prefix(case.key) + case.answer, add_special_tokens=False)
+        joint = default_tokenizer.encode(answer_prefix(case.key) + case.answer, add_special_tokens=False)
         assert joint[: len(prefix)] == prefix and len(joint) == len(prefix) + len(case.answer)
 
 
-def test_lengths_and_default_fit_the_model(tokenizer):
+def test_lengths_and_default_fit_the_model(default_tokenizer):
     for length in (300, 700):
-        sizes = [c.n_tokens for c in niah_cases(tokenizer, NiahSpec(n_cases=6, lengths=(length,)))]
+        sizes = [c.n_tokens for c in niah_cases(default_tokenizer, NiahSpec(n_cases=6, lengths=(length,)))]
         assert all(0.9 * length <= n <= length for n in sizes), sizes
-    longest = make_case(tokenizer, NiahSpec(), 3)  # 8000 tokens by default
+    longest = make_case(default_tokenizer, NiahSpec(), 3)  # 8000 tokens by default
     assert 7600 <= longest.n_tokens and longest.n_tokens + longest.query.size + 8 <= 8192
 
 
-def test_plain_text_mode(tokenizer):
-    case = make_case(tokenizer, NiahSpec(lengths=(300,), chat=False), 0)
-    assert "<|im_start|>" not in case.p_text + tokenizer.decode(case.query.tolist())
+def test_plain_text_mode(default_tokenizer):
+    case = make_case(default_tokenizer, NiahSpec(lengths=(300,), chat=False), 0)
+    assert "<|im_start|>" not in case.p_text + default_tokenizer.decode(case.query.tolist())
 
 
 @pytest.mark.parametrize("bad", [

@@ -13,29 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from nexus_mlx.errors import ModelNotFoundError
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-DATA = ROOT.parent / "shared" / "data"
 TIMEOUT_S = 600  # per cell
 
 
-def _require_assets(stem: str) -> None:
-    from nexus_mlx.models.packages import resolve_package_spec
-
-    try:
-        if resolve_package_spec("default") is None:
-            pytest.skip("default model unavailable")
-    except Exception as exc:
-        pytest.skip(f"default model unavailable: {exc}")
-    if not DATA.is_dir():
-        pytest.skip(f"{DATA} not present")
+def _require_embedder(stem: str) -> None:
     if stem == "routing_scaling":
         from nexus_mlx.routing.embedder import default_model_path
 
         try:
             default_model_path()
-        except Exception as exc:
-            pytest.skip(f"embedder unavailable: {exc}")
+        except ModelNotFoundError as exc:
+            pytest.skip(f"embedder not installed: {exc}")
 
 
 def test_notebooks_match_their_builder_and_carry_no_outputs():
@@ -56,11 +48,13 @@ def test_notebooks_match_their_builder_and_carry_no_outputs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_without_errors(path: Path, monkeypatch):
+def test_notebook_runs_without_errors(path: Path, monkeypatch, default_tokenizer, shared_data):
+    """Needs the default model (``default_tokenizer`` skips if it is not installed) and the
+    shared data; the routing notebook also needs the embedder."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    _require_assets(path.stem)
+    _require_embedder(path.stem)
     # The kernel spec runs ``python``: make that this interpreter (the project's venv).
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     nb = nbformat.read(path, as_version=4)

@@ -26,11 +26,6 @@ from nexus_mlx.tools.registry import (
 )
 from nexus_mlx.tools.tool import MAX_JSON_DEPTH, Tool, sanitize_name
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
-SEAL = DATA / "seal-tools" / "tool.jsonl"
-needs_github = pytest.mark.skipif(not GITHUB.is_file(), reason=f"{GITHUB} not present")
-needs_seal = pytest.mark.skipif(not SEAL.is_file(), reason=f"{SEAL} not present")
 JSON_TYPES = {"string", "integer", "number", "boolean", "array", "object", "null"}
 
 
@@ -46,10 +41,9 @@ def nested(depth: int) -> dict:
 
 
 # -- real data ---------------------------------------------------------------------------------
-@needs_github
-def test_github_tools_load() -> None:
-    registry = load_tools_json(GITHUB)
-    raw = json.loads(GITHUB.read_text())["tools"]
+def test_github_tools_load(github_tools_file) -> None:
+    registry = load_tools_json(github_tools_file)
+    raw = json.loads(github_tools_file.read_text())["tools"]
     assert len(registry) == 117 == len(raw)
     assert registry.names() == [t["name"] for t in raw]
     tool = registry.get("create_repository")
@@ -58,15 +52,14 @@ def test_github_tools_load() -> None:
     assert tool.input_schema["properties"]["private"]["default"] is True
     assert tool.annotations["title"] == "Create repository"
     assert all(t.input_schema["type"] == "object" for t in registry)
-    assert load_tools(GITHUB) == registry
+    assert load_tools(github_tools_file) == registry
 
 
-@needs_seal
-def test_seal_tools_load_with_mapped_types() -> None:
+def test_seal_tools_load_with_mapped_types(seal_tools_file) -> None:
     start = time.perf_counter()
-    registry = load_seal_tools(SEAL)
+    registry = load_seal_tools(seal_tools_file)
     assert time.perf_counter() - start < 10
-    rows = [json.loads(line) for line in SEAL.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in seal_tools_file.read_text().splitlines() if line.strip()]
     assert len(registry) == 4076 == len(rows)
     raw_types = Counter(p["type"] for r in rows for p in r["parameters"].values())
     mapped = Counter(p.get("type") for t in registry for p in t.input_schema["properties"].values())
@@ -87,18 +80,16 @@ def test_seal_tools_load_with_mapped_types() -> None:
     velocity = registry.get("calculateConvectiveHeatTransferCoefficient").input_schema
     assert velocity["properties"]["fluid_velocity"]["description"].endswith("(unit: m/s)")
     assert "requestFirst_Aid_Assistance" in registry
-    assert load_tools(SEAL).digest() == registry.digest()
+    assert load_tools(seal_tools_file).digest() == registry.digest()
 
 
-@needs_seal
-def test_seal_names_are_rejected_without_sanitizing() -> None:
+def test_seal_names_are_rejected_without_sanitizing(seal_tools_file) -> None:
     with pytest.raises(FormatError, match=r"line \d+: .*'requestFirst Aid Assistance'"):
-        load_seal_tools(SEAL, sanitize=False)
+        load_seal_tools(seal_tools_file, sanitize=False)
 
 
-@needs_github
-def test_text_for_embedding_on_github() -> None:
-    tool = load_tools_json(GITHUB).get("create_repository")
+def test_text_for_embedding_on_github(github_tools_file) -> None:
+    tool = load_tools_json(github_tools_file).get("create_repository")
     assert text_for_embedding(tool) == (
         "create repository: Create a new GitHub repository in your account or specified "
         "organization. Parameters: auto init, description, name, organization, private."

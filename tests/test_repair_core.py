@@ -88,12 +88,32 @@ def test_replay_equals_reprefill(model):
 def test_shift_and_dirty_differ_from_gold_but_are_well_formed(model):
     cache = _filled(model)
     shifted, untouched = shift(cache, EDIT), dirty(cache, EDIT)
-    assert np.array_equal(shifted.positions, np.arange(34))
-    assert untouched.n_past == 40 and np.array_equal(untouched.tokens, TOKENS)
     gold = reprefill(model, cache, EDIT)
-    # the prefix never saw e: identical to the gold cache
+    # well formed: Shift holds exactly p + s at positions 0..33, Dirty is p + e + s unchanged
+    edited = np.concatenate([TOKENS[:10], TOKENS[16:]])
+    assert shifted.n_past == gold.n_past == 34
+    assert np.array_equal(shifted.positions, np.arange(34)) and np.array_equal(shifted.tokens, edited)
+    assert np.array_equal(gold.tokens, edited)
+    assert untouched.n_past == 40 and np.array_equal(untouched.tokens, TOKENS)
+    assert np.array_equal(untouched.positions, np.arange(40))
     for layer in range(gold.num_layers):
-        assert _diff(shifted.keys(layer)[:, :, :10], gold.keys(layer)[:, :, :10]) <= TOL
+        # the prefix never saw e: identical to the gold cache in both
+        for stale in (shifted, untouched):
+            assert _diff(stale.keys(layer)[:, :, :10], gold.keys(layer)[:, :, :10]) <= TOL
+            assert _diff(stale.values(layer)[:, :, :10], gold.values(layer)[:, :, :10]) <= TOL
+    # layer 0's K/V depend only on token and position: Shift's re-rotation is exact there,
+    # and Dirty's suffix values (position-free) equal the gold's too
+    assert _diff(shifted.keys(0)[:, :, 10:], gold.keys(0)[:, :, 10:]) <= TOL
+    assert _diff(shifted.values(0)[:, :, 10:], gold.values(0)[:, :, 10:]) <= TOL
+    assert _diff(untouched.values(0)[:, :, 16:], gold.values(0)[:, :, 10:]) <= TOL
+    # but from layer 1 on the suffix still encodes e: both differ from the gold
+    for layer in range(1, gold.num_layers):
+        for stale, start in ((shifted, 10), (untouched, 16)):
+            assert _diff(stale.keys(layer)[:, :, start:], gold.keys(layer)[:, :, 10:]) > 100 * TOL
+            assert _diff(stale.values(layer)[:, :, start:], gold.values(layer)[:, :, 10:]) > 100 * TOL
+    want = _next_logits(model, gold)
+    assert _diff(_next_logits(model, shifted), want) > 100 * TOL
+    assert _diff(_next_logits(model, untouched), want) > 100 * TOL
 
 
 @pytest.mark.parametrize("rows", [[16, 17, 18, 25, 30, 31, 33], [10], list(range(10, 34, 3))])
@@ -128,11 +148,31 @@ def test_repair_api_contract():
     assert cache.n_past == 34
 
 
-def test_oracle_picks_the_most_deviant_rows():
+def _suffix_deviation(shifted, gold, start: int) -> np.ndarray:
+    """Per suffix row, the all-layer squared K/V distance between two caches, in float64."""
+    total = np.zeros(gold.n_past - start)
+    for layer in range(gold.num_layers):
+        for a, b in ((shifted.keys(layer), gold.keys(layer)),
+                     (shifted.values(layer), gold.values(layer))):
+            d = np.asarray(a, np.float64)[0, :, start:] - np.asarray(b, np.float64)[0, :, start:]
+            total += (d * d).sum(axis=(0, 2))  # (H, S, D) -> (S,)
+    return total
+
+
+@pytest.mark.parametrize("budget, picks", [(20, 5), (10, 3)])
+def test_oracle_picks_the_most_deviant_rows(budget, picks):
+    """The oracle's picks are the suffix rows whose stale K/V lie farthest from the gold
+    re-prefill (computed here independently), not merely the right number of them."""
     model = tiny_model("llama")
     cache = _filled(model)
-    result = repair(model, cache, EDIT, QUERY, budget=20, allocator="oracle")
-    assert result.budget_tokens == 5 and result.selected.size == 5
+    result = repair(model, cache, EDIT, QUERY, budget=budget, allocator="oracle")
+    assert result.budget_tokens == picks
+    deviation = _suffix_deviation(shift(cache, EDIT), reprefill(model, cache, EDIT), EDIT.p0)
+    expected = np.sort(np.argsort(-deviation, kind="stable")[:picks])
+    assert result.selected.tolist() == expected.tolist()
+    others = np.setdiff1d(np.arange(deviation.size), result.selected)
+    assert deviation[result.selected].min() > deviation[others].max()
+    assert result.selected.tolist() != list(range(picks))  # not just the rows nearest the edit
 
 
 def test_bad_requests():

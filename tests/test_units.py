@@ -4,13 +4,9 @@ midpoint mapping to tokens, merge / split rules, and an exact partition for any 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexus_mlx.models.gguf_format import parse_gguf
-from nexus_mlx.models.gguf_tokenizer import build_tokenizer
-from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.sur.units import (
     MAX_UNIT,
     MIN_UNIT,
@@ -63,12 +59,6 @@ EXPECTED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smol():
-    path = resolve_package_spec("default")
-    return build_tokenizer(parse_gguf(path).metadata, path)
-
-
 def segment_texts(text: str) -> list[tuple[int, str]]:
     segs = text_segments(text)
     ends = [x for x, _ in segs[1:]] + [len(text)]
@@ -108,29 +98,29 @@ def test_split_long_balanced():
     assert split_long([(0, MAX_UNIT)], [0])[0] == [(0, MAX_UNIT)]
 
 
-def test_units_of_a_chat(smol):
-    ids = np.array(smol.encode(CHAT, add_special_tokens=False))
-    units = semantic_units(smol, ids)
+def test_units_of_a_chat(default_tokenizer):
+    ids = np.array(default_tokenizer.encode(CHAT, add_special_tokens=False))
+    units = semantic_units(default_tokenizer, ids)
     assert is_partition(units.ranges, len(ids)) and len(units.containers) == len(units)
-    pieces = [smol.decode(ids[a:b].tolist()) for a, b in units]
+    pieces = [default_tokenizer.decode(ids[a:b].tolist()) for a, b in units]
     assert "".join(pieces) == CHAT
     assert pieces[0] == "The seam starts mid sentence here. Then a new one! And?\n"  # merged
     assert any(p.startswith("```python") for p in pieces)
-    assert units == semantic_units(smol, ids)  # deterministic
+    assert units == semantic_units(default_tokenizer, ids)  # deterministic
 
 
-def test_edge_cases(smol):
-    assert semantic_units(smol, np.zeros(0, np.int64)) == Units([], [])
-    short = np.array(smol.encode("Hi.", add_special_tokens=False))
-    assert semantic_units(smol, short).ranges == [(0, len(short))]
-    flat = np.array(smol.encode(" word" * 300, add_special_tokens=False))  # no structure
-    units = semantic_units(smol, flat)
+def test_edge_cases(default_tokenizer):
+    assert semantic_units(default_tokenizer, np.zeros(0, np.int64)) == Units([], [])
+    short = np.array(default_tokenizer.encode("Hi.", add_special_tokens=False))
+    assert semantic_units(default_tokenizer, short).ranges == [(0, len(short))]
+    flat = np.array(default_tokenizer.encode(" word" * 300, add_special_tokens=False))  # no structure
+    units = semantic_units(default_tokenizer, flat)
     assert units.lengths().tolist() == [100, 100, 100]
     # a suffix starting mid-sentence: its first unit is that sentence's tail
-    ids = smol.encode("We went home very late after the long party at the lake. The next day "
+    ids = default_tokenizer.encode("We went home very late after the long party at the lake. The next day "
                       "was long and very sunny outside.", add_special_tokens=False)
-    units = semantic_units(smol, np.array(ids[2:]))
-    first = smol.decode(ids[2:][: units.ranges[0][1]])
+    units = semantic_units(default_tokenizer, np.array(ids[2:]))
+    first = default_tokenizer.decode(ids[2:][: units.ranges[0][1]])
     assert first == " home very late after the long party at the lake." and len(units) == 2
 
 
@@ -150,10 +140,10 @@ def test_midpoints_decide_which_unit_a_token_joins():
     '{"k": [1, 2], "v": "s, t"}\n', "- item\n", "1. first\n", "# Title\n", "日本語。", "😀 ",
     "[", "]", "}", "word " * 40, "x",
 ]), max_size=25), cut=st.integers(0, 400))
-def test_units_partition_any_suffix(smol, parts, cut):
-    ids = np.array(smol.encode("".join(parts), add_special_tokens=False), dtype=np.int64)
+def test_units_partition_any_suffix(default_tokenizer, parts, cut):
+    ids = np.array(default_tokenizer.encode("".join(parts), add_special_tokens=False), dtype=np.int64)
     ids = ids[min(cut, len(ids)):]  # any seam, even inside a character
-    units = semantic_units(smol, ids)
+    units = semantic_units(default_tokenizer, ids)
     assert is_partition(units.ranges, len(ids))
     assert all(b - a <= MAX_UNIT for a, b in units)
     for k in range(len(units)):  # a short unit survives only without a same-container neighbour
