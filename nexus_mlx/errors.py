@@ -67,5 +67,5 @@ class ServerError(NexusError, RuntimeError):
 
 
 class BuildError(NexusError, RuntimeError):
-    """A native library (the BLAS shim, the INT8 scan) could not be compiled; callers fall
-    back to a slower path and say so."""
+    """A native library (the BLAS shim, the INT8 scan) could not be compiled or loaded; callers
+    fall back to a slower path and say so."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nexus_mlx._platform import cbuild as _cbuild
+from nexus_mlx.errors import BuildError
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "shim_call_counts"]
 
@@ -64,10 +65,6 @@ class BlasStatus:
     config: str | None = None
 
 
-class _Unavailable(Exception):
-    """Internal: a step failed; the message becomes the status reason."""
-
-
 _status: BlasStatus | None = None
 _keep_alive: list[ctypes.CDLL] = []  # dlopen handles must outlive the process's use of them
 _shim: ctypes.CDLL | None = None
@@ -82,22 +79,22 @@ def _load_openblas() -> tuple[ctypes.CDLL, str, str]:
     try:
         import scipy_openblas32
     except ImportError as exc:
-        raise _Unavailable(
+        raise BuildError(
             f"scipy-openblas32 is not installed ({exc}); `pip install scipy-openblas32`"
         ) from exc
     lib_dir = Path(scipy_openblas32.get_lib_dir())
     try:
         path = lib_dir / scipy_openblas32.get_library(fullname=True)
     except (OSError, IndexError) as exc:
-        raise _Unavailable(f"no OpenBLAS library found in {lib_dir}: {exc}") from exc
+        raise BuildError(f"no OpenBLAS library found in {lib_dir}: {exc}") from exc
     try:
         lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
     except OSError as exc:
-        raise _Unavailable(f"could not load {path}: {exc}") from exc
+        raise BuildError(f"could not load {path}: {exc}") from exc
     for prefix in _SYMBOL_PREFIXES:
         if hasattr(lib, f"{prefix}cblas_sgemm"):
             return lib, str(path), prefix
-    raise _Unavailable(f"{path} exports no cblas_sgemm (tried prefixes {_SYMBOL_PREFIXES})")
+    raise BuildError(f"{path} exports no cblas_sgemm (tried prefixes {_SYMBOL_PREFIXES})")
 
 
 def _openblas_config(lib: ctypes.CDLL, prefix: str) -> str | None:
@@ -114,12 +111,12 @@ def _openblas_config(lib: ctypes.CDLL, prefix: str) -> str | None:
 def _compile_shim() -> Path:
     """Compile csrc/blas_shim.c into the user cache (keyed by the source hash); return its path."""
     if not _SHIM_SOURCE.is_file():
-        raise _Unavailable(f"shim not built and its source {_SHIM_SOURCE} is missing")
+        raise BuildError(f"shim not built and its source {_SHIM_SOURCE} is missing")
     flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
     try:
         return _cbuild.build_shared_library(_SHIM_SOURCE, "blas_shim", flags, timeout=120)
-    except _cbuild.BuildError as exc:
-        raise _Unavailable(f"the shim is not built and building it failed: {exc}") from exc
+    except BuildError as exc:
+        raise BuildError(f"the shim is not built and building it failed: {exc}") from exc
 
 
 def _find_shim() -> Path:
@@ -134,17 +131,17 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
     try:
         shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
     except OSError as exc:
-        raise _Unavailable(f"could not load the shim {path}: {exc}") from exc
+        raise BuildError(f"could not load the shim {path}: {exc}") from exc
     addresses = [_address(openblas, f"{prefix}cblas_{g}") for g in _GEMMS]
     shim.nexus_blas_init.argtypes = [ctypes.c_void_p] * 3
     shim.nexus_blas_init.restype = ctypes.c_int
     if shim.nexus_blas_init(*addresses) != 0:
-        raise _Unavailable(f"{prefix}cblas_{{s,d,c}}gemm not all found in the BLAS library")
+        raise BuildError(f"{prefix}cblas_{{s,d,c}}gemm not all found in the BLAS library")
     # Re-opening the already-loaded object with RTLD_GLOBAL promotes it to the global scope.
     try:
         promoted = ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
     except OSError as exc:
-        raise _Unavailable(f"could not make the shim global: {exc}") from exc
+        raise BuildError(f"could not make the shim global: {exc}") from exc
     shim.nexus_blas_call_count.argtypes = [ctypes.c_int]
     shim.nexus_blas_call_count.restype = ctypes.c_longlong
     _keep_alive.extend([openblas, shim, promoted])
@@ -153,7 +150,7 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
     process = ctypes.CDLL(None)
     for g in _GEMMS:
         if _address(process, f"cblas_{g}") != _address(shim, f"cblas_{g}"):
-            raise _Unavailable(f"another cblas_{g} is already global (LD_PRELOAD?); shim unused")
+            raise BuildError(f"another cblas_{g} is already global (LD_PRELOAD?); shim unused")
     return path
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from nexus_mlx._platform import cbuild as _cbuild
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, BuildError
 
 ISAS = ("scalar", "avx2", "avx512vnni", "neon", "neondot")
 ALIGN = 64
@@ -53,10 +53,6 @@ class NativeStatus:
     path: str | None = None
     isas: tuple[str, ...] = ()
     best: str | None = None
-
-
-class _Unavailable(Exception):
-    """Internal: a step failed; the message becomes the status reason."""
 
 
 _P = ctypes.c_void_p
@@ -357,13 +353,13 @@ def compile_native(folder: Path | None = None, compiler: str | None = None) -> P
     source hash; return the library's path (reused if already built)."""
     digest = source_digest()
     if digest is None:
-        raise _Unavailable(f"the source {SOURCE} is missing, so the library cannot be built")
+        raise BuildError(f"the source {SOURCE} is missing, so the library cannot be built")
     flags = (*COMPILE_FLAGS, f'-DNEXUS_I8_SOURCE_ID="{digest}"')
     try:
         return _cbuild.build_shared_library(SOURCE, "int8_scan", flags, libraries=("-lm",),
                                             folder=folder, compiler=compiler)
-    except _cbuild.BuildError as exc:
-        raise _Unavailable(str(exc)) from exc
+    except BuildError as exc:
+        raise BuildError(str(exc)) from exc
 
 
 def load_native(path: str | Path) -> NativeInt8Scan:
@@ -387,12 +383,12 @@ def _find_native() -> tuple[NativeInt8Scan, str]:
             stale = f"the packaged {packaged.name} was built from another source; "
             try:
                 return load_native(compile_native()), stale + "rebuilt into the cache"
-            except (_Unavailable, OSError, ArgumentError) as exc:
+            except (BuildError, OSError, ArgumentError) as exc:
                 return native, stale + f"kept it, since rebuilding failed ({exc})"
     try:
         return load_native(compile_native()), stale + "compiled into the cache"
     except (OSError, ArgumentError) as exc:
-        raise _Unavailable(f"{stale}loading the compiled library failed: {exc}") from exc
+        raise BuildError(f"{stale}loading the compiled library failed: {exc}") from exc
 
 
 @functools.cache
@@ -401,7 +397,7 @@ def _native() -> tuple[NativeInt8Scan | None, NativeStatus]:
         return None, NativeStatus(False, f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}")
     try:
         native, how = _find_native()
-    except _Unavailable as exc:
+    except BuildError as exc:
         return None, NativeStatus(False, f"no native INT8 scan ({exc}); using numpy")
     return native, NativeStatus(True, how, native.path, native.isas, native.best)
 
