@@ -288,3 +288,19 @@ def expected_weights(
         out[hf_name] = w
     return out
 
+
+
+def transformers_tokenizer(metadata: dict[str, Any]) -> Any:
+    """transformers' GGUF tokenizer conversion of ``metadata`` (parsed by our reader): the
+    independent oracle the GGUF tokenizer tests compare against (``tokenizers`` backend)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
+    fields = {name: plain[f"tokenizer.{key}"]
+              for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+              if f"tokenizer.{key}" in plain}
+    backend, _ = convert_gguf_tokenizer(plain["general.architecture"], fields)
+    return backend

@@ -17,6 +17,7 @@ from nexus_mlx.decode.call_format import (
     ResponseConstraint,
     TurnConstraint,
     call_schema,
+    checked_calls,
     normalized_messages,
     parse_tool_calls,
     response_schema,
@@ -57,6 +58,22 @@ def test_parse_calls_and_prose():
     assert broken.calls == [] and len(broken.errors) == 2
     unclosed = parse_tool_calls(f'{CALL_OPEN}\n{{"name": "git_log", "arguments": {{}}}}')
     assert [c.name for c in unclosed.calls] == ["git_log"]
+
+
+def test_bare_json_calls_count_only_for_offered_tools():
+    fenced = 'Here:\n```json\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n```'
+    turn = parse_tool_calls(fenced, ["get_time"])
+    assert [(c.name, c.arguments) for c in turn.calls] == [("get_time", {"timezone": "UTC"})]
+    assert turn.content == "Here:"
+    assert parse_tool_calls(fenced).calls == []  # without names, tags are required
+    assert parse_tool_calls('{"name": "rm", "arguments": {}}', ["get_time"]).calls == []
+    bare = parse_tool_calls('{"name": "get_time", "arguments": {}}', ["get_time"])
+    assert [c.name for c in bare.calls] == ["get_time"] and bare.content == ""
+    checked = checked_calls(bare, [TIME])  # the required timezone is missing
+    assert checked.calls == [] and "timezone" in checked.errors[0]
+    good = checked_calls(parse_tool_calls(fenced, ["get_time"]), [TIME, LOG])
+    assert [c.name for c in good.calls] == ["get_time"] and good.errors == []
+    assert checked_calls(good, [LOG]).errors == ["'get_time' is not an offered tool"]
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,6 +14,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_fixtures import transformers_tokenizer
 
 import nexus_mlx as nx
 from nexus_mlx.errors import ModelNotFoundError
@@ -90,19 +91,10 @@ def test_engine_equals_mlx_lm_on_prefill_chunks_and_decode(qwen):
 
 @pytest.mark.slow
 def test_tokenizer_equals_transformers_conversion():
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
-
     path = _path()
     metadata = parse_gguf(path).metadata
     tokenizer = build_tokenizer(metadata, path)
-    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
-    fields = {name: plain[f"tokenizer.{key}"]
-              for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
-              if f"tokenizer.{key}" in plain}
-    oracle, _ = convert_gguf_tokenizer(plain["general.architecture"], fields)
+    oracle = transformers_tokenizer(metadata)
     fixed = ["", "Hello, world!", "What time is it in Tokyo?", "  leading spaces", "1234567",
              "naïve café 日本語 😀", "<|im_start|>user\nhi<|im_end|>\n", "<tool_call>\n{}\n</tool_call>",
              "def f(x):\n\treturn x ** 2\n", "line\r\nbreaks\n\n\nand tabs\t\t"]

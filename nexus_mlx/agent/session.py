@@ -8,14 +8,15 @@ own chat template (the assistant's turn opened), aligns it with the cached ids
 
 - ``append``: the cache holds a prefix of the request: only the new tokens are prefilled.
 - ``repair`` (policy ``repair``): after the common prefix, the longest reused run of the old
-  sequence is cut out as a block, the inserted tokens are prefilled, the block is spliced back
-  at its new position with its keys re-anchored (paper 1), ``budget`` percent of its rows
-  (at least one) are recomputed on the allocator's choice (SUR by default, paper 2) in the same
-  packed forward pass as the tail that follows it; deleted rows are dropped.
+  sequence moves to its new position in one gather (:func:`~nexus_mlx.kv.regather.regather`:
+  deleted rows dropped, blank rows left for the inserted tokens, the run's keys re-anchored as a
+  splice does, paper 1), the inserted tokens are computed into the blanks, and ``budget``
+  percent of the run's rows (at least one when nothing follows it) are recomputed on the
+  allocator's choice (SUR by default, paper 2) in the same packed forward pass as the tail.
 - ``truncate``: the request is a prefix of the cache: later rows are dropped (exact).
 - ``reencode``: everything after the common prefix is prefilled again — every non-append edit
   under policy ``exact`` (mlx-lm's prefix-cache behaviour, for audits), or when no reused run is
-  at least ``min_reuse`` tokens, or when the cache layout declines a splice (the report says why).
+  at least ``min_reuse`` tokens (the report says why).
 
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
@@ -27,7 +28,8 @@ that its recomputed rows reduce.
 
 Failure: a request that cannot be rendered, is empty, or would pass the model's context raises
 (:class:`ArgumentError`) before the cache is touched; an error during the cache operations
-restores the previous rows exactly (the rows a step overwrites are saved first). One re-entrant
+restores the previous rows exactly (a repair builds new arrays, a re-encode saves the rows it
+overwrites). One re-entrant
 lock serialises the steps of a session; several sessions may share one loaded model. It does not
 route, call tools or parse their results (the agent loop does).
 """
@@ -45,11 +47,11 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, plan_edit
-from nexus_mlx.blocks.block import block_from_cache
-from nexus_mlx.blocks.splicing import splice
 from nexus_mlx.decode.call_format import (
     ParsedCall,
     ParsedTurn,
+    checked_calls,
+    function_of,
     normalized_messages,
     parse_tool_calls,
     renders_tools,
@@ -59,6 +61,7 @@ from nexus_mlx.decode.call_format import (
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION
+from nexus_mlx.kv.regather import regather, restore, snapshot
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
@@ -245,51 +248,26 @@ class Session:
         mx.eval(self._last_logits)
 
     def _reencode(self, new: np.ndarray, keep: int) -> None:
-        backup = self._save_rows(keep)
-        try:
+        """Keep rows ``[0, keep)`` and prefill the rest; the overwritten rows come back on a
+        failure (the cache's transaction saves copies of just those rows)."""
+        with self.cache.transaction(np.arange(keep, self.cache.n_past)):
             self.cache.trim(keep)
             self._prefill(new[keep:])
-        except BaseException:
-            self._restore_rows(keep, backup)
-            raise
-
-    def _save_rows(self, start: int) -> Any:
-        """An exact copy of rows ``[start, n_past)`` (None when there are none): a float32
-        block, which holds float16 and bfloat16 values exactly."""
-        if start >= self.cache.n_past:
-            return None
-        return block_from_cache(self.model, self.cache, start, dtype="float32")
-
-    def _restore_rows(self, start: int, backup: Any) -> None:
-        self.cache.trim(min(start, self.cache.n_past))
-        if backup is not None:
-            splice(self.model, self.cache, backup, at=start, curve=None)  # delta 0: exact copy
-            self.cache.evaluate()
 
     def _repair(self, plan: EditPlan, new: np.ndarray, start: float) -> StepReport:
         timings: dict[str, float] = {}
-        backup = self._save_rows(plan.prefix)
-        i, j, length = plan.block_old, plan.block_new, plan.block_length
+        i, j, length, p = plan.block_old, plan.block_new, plan.block_length, plan.prefix
+        tail = new[j + length:]
+        state = snapshot(self.cache)  # regather writes fresh arrays: restoring is exact
         try:
             t0 = time.perf_counter()
-            block = block_from_cache(self.model, self.cache, i, i + length, dtype="float32")
-            self.cache.trim(plan.prefix)
-            if j > plan.prefix:
-                self._prefill(new[plan.prefix:j])
-            timings["prefill_inserted"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            result = splice(self.model, self.cache, block, curve=None)
-            self.cache.evaluate()
-            timings["splice"] = time.perf_counter() - t0
-            tail = new[j + length:]
-            if result.path == "declined":  # the block was prefilled as text: nothing is stale
-                if tail.size:
-                    self._prefill(tail)
-                else:
-                    self._reencode(new, new.size - 1)
-                reason = f"splice declined ({result.reason}); the block was prefilled"
-                return self._report("reencode", reason, plan, new, computed=new.size - plan.prefix,
-                                    start=start, timings=timings)
+            sources = np.concatenate([np.arange(p), np.full(j - p, -1), np.arange(i, i + length)])
+            regather(self.cache, sources, np.arange(j + length))  # keys re-anchored by j - i
+            timings["move"] = time.perf_counter() - t0
+            if j > p:
+                t0 = time.perf_counter()
+                self._write(new[p:j], np.arange(p, j))
+                timings["prefill_inserted"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             rows = self._choose_rows(j, length, new, tail)
             timings["selection"] = time.perf_counter() - t0
@@ -297,13 +275,21 @@ class Session:
             self._refresh_with_tail(rows, tail)
             timings["refresh_and_tail"] = time.perf_counter() - t0
         except BaseException:
-            self._restore_rows(plan.prefix, backup)
+            restore(self.cache, state)
             raise
         reason = (f"{plan.deleted} rows deleted, {plan.inserted} inserted; {length} reused rows "
                   f"re-anchored by {plan.delta:+d}, {rows.size} recomputed")
         return self._report("repair", reason, plan, new,
                             computed=int(plan.inserted + tail.size), start=start,
                             spliced=length, repaired=int(rows.size), timings=timings)
+
+    def _write(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Compute ``ids`` into the blank ``rows`` (their positions), in chunks."""
+        for s in range(0, ids.size, PREFILL_CHUNK):
+            chunk = slice(s, s + PREFILL_CHUNK)
+            forward(self.model, ids[chunk], self.cache, positions=rows[chunk], rows=rows[chunk],
+                    logits="last")
+            self.cache.evaluate()
 
     def _choose_rows(self, j: int, length: int, new: np.ndarray, tail: np.ndarray) -> np.ndarray:
         """Rows of the spliced block to recompute: the allocator's budget, plus the block's last
@@ -384,7 +370,9 @@ class Session:
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = _cut_at_stop(text, stop)
         calls_allowed = bool(tools) and tool_choice != "none" and response_format is None
-        parsed = parse_tool_calls(text) if calls_allowed else ParsedTurn(text.strip())
+        names = [function_of(tool)["name"] for tool in tools or ()]
+        parsed = parse_tool_calls(text, names) if calls_allowed else ParsedTurn(text.strip())
+        parsed = checked_calls(parsed, tools or ())
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,

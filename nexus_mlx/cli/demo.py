@@ -6,8 +6,10 @@ Contract: ``run_demo(model_spec)`` starts the real ``mcp-server-time`` and ``mcp
 never executed), embeds them into the INT8 SLB, calibrates the margin gate, compiles the live tools
 to ``.atb`` blocks and splices one into a conversation cache (reporting fidelity and time
 against a text prefill), then answers a few requests: route -> compressed IR -> constrained
-arguments -> execution of read-only calls on their server. Every decision is printed with its
-timings, and the demo ends with each server's record: which calls it accepted, which it refused
+arguments -> execution of read-only calls on their server, and finally holds a multi-turn
+conversation in one live session (:mod:`.demo_session`: calls in the model's own format, the tool
+list changing, a stale result pruned, each step's reuse / splice / repair printed). Every decision
+is printed with its timings, and the routed part ends with each server's record: which calls it accepted, which it refused
 and the server's own error text, and which calls were never sent (and why). Servers are always
 shut down. Returns 0 (a refused call is an outcome the demo reports, not a failure of the demo).
 """
@@ -31,6 +33,7 @@ from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.orchestrator import Agent
 from nexus_mlx.blocks.compile import compile_block, compile_directory
 from nexus_mlx.blocks.splicing import splice
+from nexus_mlx.cli.demo_session import session_showcase
 from nexus_mlx.cli.progress import tool_bar
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.forward import forward, make_cache
@@ -220,5 +223,7 @@ def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say:
                     for request in REQUESTS]
         for line in outcome_summary(outcomes, sorted(servers)):
             say(line)
+        accepted = session_showcase(model, tokenizer, registry, servers, repo, say)
+        say(f"live session: the servers accepted {accepted} call(s)")
     say("\nservers shut down; done.")
     return 0

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
 import numpy as np
 
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
@@ -78,8 +79,32 @@ def call_schema(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def parse_tool_calls(text: str) -> ParsedTurn:
-    """The prose and the calls of a finished turn (a call without its closer still counts)."""
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.S)
+
+
+def _bare_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
+    """Calls written without the tags, as small models often do: the whole reply, or each
+    fenced block of it, one JSON object ``{"name": <an offered tool>, "arguments": {...}}``."""
+    found = []
+    for piece in _FENCE.findall(text) or [text.strip()]:
+        try:
+            value = json.loads(piece)
+        except ValueError:
+            continue
+        if (isinstance(value, dict) and value.get("name") in names
+                and isinstance(value.get("arguments", {}), dict)):
+            found.append(ParsedCall(value["name"], dict(value.get("arguments", {}))))
+    return found
+
+
+def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
+    """The prose and the calls of a finished turn (a call without its closer still counts).
+    With ``names`` (the offered tools), a reply without tags that is, or fences, exactly one
+    JSON call to one of them counts as that call too."""
+    if names and CALL_OPEN not in text:
+        bare = _bare_calls(text, names)
+        if bare:
+            return ParsedTurn(_FENCE.sub("", text).strip() if _FENCE.search(text) else "", bare)
     calls, errors = [], []
     for match in _CALL.finditer(text):
         try:
@@ -95,6 +120,36 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         except ValueError as exc:
             errors.append(f"{match.group(1)[:80]!r}: {exc}")
     return ParsedTurn(_CALL.sub("", text).strip(), calls, errors)
+
+
+def checked_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]]) -> ParsedTurn:
+    """``turn`` with every call checked against its tool's schema (``jsonschema``): calls to
+    tools not offered, or whose arguments do not validate, move to ``errors``."""
+    schemas = {function_of(t)["name"]: function_of(t).get("parameters") or {} for t in tools}
+    good, errors = [], list(turn.errors)
+    for call in turn.calls:
+        if call.name not in schemas:
+            errors.append(f"{call.name!r} is not an offered tool")
+            continue
+        problem = jsonschema_problem(call.arguments, schemas[call.name])
+        if problem:
+            errors.append(f"{call.name}: {problem}")
+        else:
+            good.append(call)
+    return ParsedTurn(turn.content, good, errors)
+
+
+def jsonschema_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
+    """The first validation error of ``value`` against ``schema``, or None."""
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except jsonschema.SchemaError as exc:
+        return f"invalid schema: {exc.message}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "<root>"
+    return f"arguments at {where}: {error.message}"
 
 
 def tools_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
