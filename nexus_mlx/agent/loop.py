@@ -7,9 +7,10 @@ request to ``history`` and repeats, at most ``max_steps`` times: choose the tool
 session generate (tool calls in the model's own format, constrained; ``tool_choice`` on the first
 step, ``"auto"`` after), execute each call on the server that owns the tool and append the
 assistant call and the tool results as OpenAI-style messages. It stops when a reply has no
-calls. Tool results older than the latest step and longer than ``payload_chars`` are replaced by
-a short surrogate in the messages the session sees, an edit in the middle of the conversation
-that the session repairs instead of re-encoding. A call the model makes to an unknown tool, or
+calls (a reply that only repeats calls already executed is asked again with ``tool_choice
+"none"``, for the answer). Tool results older than the latest step and longer than
+``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
+the middle of the conversation that the session repairs instead of re-encoding. A call the model makes to an unknown tool, or
 that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
 can recover; the :class:`Execution` records say which calls succeeded.
 
@@ -125,12 +126,17 @@ def run_agent(
     messages: list[dict[str, Any]] = [dict(m) for m in history]
     messages.append({"role": "user", "content": request})
     run = AgentRun("", messages, "step_limit")
+    done_calls: set[str] = set()
     for step in range(max_steps):
         visible = pruned(messages, _last_step_start(messages), payload_chars)
-        reply = session.generate(visible, tools, tool_choice=tool_choice if step == 0 else "auto",
-                                 max_tokens=max_tokens)
+        choice = tool_choice if step == 0 else "auto"
+        reply = session.generate(visible, tools, tool_choice=choice, max_tokens=max_tokens)
+        if reply.tool_calls and all(_key(c) in done_calls for c in reply.tool_calls):
+            # the model repeats calls it already has the results of: ask for the answer
+            reply = session.generate(visible, tools, tool_choice="none", max_tokens=max_tokens)
         run.replies.append(reply)
         run.steps.append(reply.report)
+        done_calls.update(_key(c) for c in reply.tool_calls)
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.content})
             run.answer, run.finish = reply.content, "answer"
@@ -146,6 +152,10 @@ def run_agent(
             messages.append({"role": "tool", "tool_call_id": cid, "name": call.name,
                              "content": done.output})
     return run
+
+
+def _key(call: ParsedCall) -> str:
+    return json.dumps([call.name, call.arguments], sort_keys=True)
 
 
 def _last_step_start(messages: Sequence[Mapping[str, Any]]) -> int:
