@@ -33,7 +33,7 @@ import nexus_mlx
 PACKAGE = Path(nexus_mlx.__file__).resolve().parent
 MAX_LINES = 500
 # errors / metrics / _platform < kv < kernels < models < tools, sur < blocks, refresh, decode
-# < routing < agent < cli
+# < routing < agent < server < cli
 FLOORS: dict[str, int] = {
     "errors": 0, "metrics": 0, "_platform": 0,
     "kv": 1,
@@ -43,7 +43,8 @@ FLOORS: dict[str, int] = {
     "blocks": 5, "refresh": 5, "decode": 5,
     "routing": 6,
     "agent": 7,
-    "cli": 8,
+    "server": 8,
+    "cli": 9,
 }
 ROOT_FLOOR = max(FLOORS[m.split(".")[1]] for m in nexus_mlx._EXPORTS.values())  # the flat API
 

@@ -110,6 +110,15 @@ def test_required_forces_the_opener_and_the_schema(default_tokenizer):
     assert end is not None and set(np.flatnonzero(end)) == set(tc.eos_ids)
 
 
+def test_after_a_parallel_call_only_another_call_or_the_end(default_tokenizer):
+    tc = TurnConstraint(default_tokenizer, [TIME, LOG], "required", parallel=True)
+    assert all(_drive(tc, default_tokenizer, CALL_TEXT))
+    after = tc.allowed()
+    assert after is not None and 2 <= after.sum() <= 2 + len(tc.eos_ids)
+    assert all(_drive(tc, default_tokenizer, "\n" + CALL_TEXT.replace("UTC", "Asia/Tokyo")))
+    assert tc.calls == 2
+
+
 def test_auto_is_free_until_the_opener_then_refuses_unknown_names(default_tokenizer):
     tc = TurnConstraint(default_tokenizer, [TIME], "auto")
     assert tc.allowed() is None

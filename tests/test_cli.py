@@ -12,7 +12,8 @@ import pytest
 
 from nexus_mlx.cli.main import build_parser, main
 
-SUBCOMMANDS = ("chat", "demo", "compile", "route", "splice-demo", "repair-demo", "bench", "report")
+SUBCOMMANDS = ("chat", "demo", "compile", "route", "splice-demo", "repair-demo", "serve", "bench",
+               "report")
 
 
 def test_help_lists_every_subcommand():

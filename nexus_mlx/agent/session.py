@@ -55,6 +55,7 @@ from nexus_mlx.decode.call_format import (
     normalized_messages,
     parse_tool_calls,
     renders_tools,
+    response_schema,
     textual_messages,
     turn_constraint,
 )
@@ -369,7 +370,8 @@ class Session:
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = _cut_at_stop(text, stop)
-        calls_allowed = bool(tools) and tool_choice != "none" and response_format is None
+        calls_allowed = (bool(tools) and tool_choice != "none"
+                         and (response_format is None or response_schema(response_format) is None))
         names = [function_of(tool)["name"] for tool in tools or ()]
         parsed = parse_tool_calls(text, names) if calls_allowed else ParsedTurn(text.strip())
         parsed = checked_calls(parsed, tools or ())

@@ -35,6 +35,28 @@ def positive_int(value: int, option: str) -> int:
     return value
 
 
+def non_negative_int(value: int, option: str) -> int:
+    if value < 0:
+        raise ArgumentError(f"{option} must be an integer >= 0, got {value}")
+    return value
+
+
+def port(value: int, option: str = "--port") -> int:
+    """A TCP port (0: any free one)."""
+    if not 0 <= value <= 65535:
+        raise ArgumentError(f"{option} must be a TCP port in [0, 65535] (0: any free one), got "
+                            f"{value}")
+    return value
+
+
+def host(value: str, option: str = "--host") -> str:
+    """An address to listen on: a name or an IP, no spaces."""
+    if not value.strip() or any(c.isspace() for c in value):
+        raise ArgumentError(f"{option} {value!r} is not an address; give a host name or an IP "
+                            "such as 127.0.0.1 (0.0.0.0 listens on every interface)")
+    return value
+
+
 def percentage(value: float, option: str) -> float:
     if not 0 <= value <= 100:
         raise ArgumentError(f"{option} must be a percentage in [0, 100], got {value:g}")

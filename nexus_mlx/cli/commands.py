@@ -292,6 +292,36 @@ def cmd_repair_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- serve -------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nexus_mlx.server import Server, bind_socket
+
+    host, port = checks.host(args.host), checks.port(args.port)
+    checks.percentage(args.budget, "--budget")
+    cache_mib = checks.non_negative_int(args.cache_budget, "--cache-budget")
+    max_sessions = checks.positive_int(args.max_sessions, "--max-sessions")
+    max_tokens = checks.positive_int(args.max_tokens, "--max-tokens")
+    sock = bind_socket(host, port)  # a busy port fails before the model loads
+    try:
+        model, tokenizer = load(args.model)
+        server = Server(model, tokenizer, model_name=args.model, host=host, sock=sock,
+                        policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
+                        max_sessions=max_sessions, max_tokens=max_tokens)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        server.start()
+        print(f"serving model {args.model!r} at {server.base_url} (OpenAI-compatible; Ctrl-C "
+              "stops)", flush=True)
+        server.wait()
+    except KeyboardInterrupt:
+        print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+    return 0
+
+
 # ---- bench / report ----------------------------------------------------------------------
 def bench_dir() -> Path:
     """The source checkout's ``bench/`` folder: beside the package (an editable install) or in

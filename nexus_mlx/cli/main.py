@@ -21,7 +21,8 @@ from nexus_mlx.cli import commands
 from nexus_mlx.errors import NexusError
 
 DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
-MODEL_HELP = "model spec: 'default', 'gemma3-270m', a .gguf file or an mlx-lm directory"
+MODEL_HELP = ("model spec: 'default', 'qwen2.5-coder-0.5b', 'gemma3-270m', a .gguf file or an "
+              "mlx-lm directory")
 TOOLS_HELP = "a registry file (JSON list / {'tools': [...]}, Seal-Tools .jsonl) or an MCP server command"
 
 
@@ -85,6 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
              commands.cmd_repair_demo)
     p.add_argument("--budget", type=float, default=5.0, help="recompute budget in percent")
     p.add_argument("--allocator", default="sur", help="allocator name (sur, bm25_units, ...)")
+
+    p = _add(sub, "serve", "an OpenAI-compatible HTTP server whose sessions keep their KV cache "
+             "across requests (the model is served under its --model spec)", commands.cmd_serve)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free one)")
+    p.add_argument("--policy", default="repair", choices=["exact", "repair"],
+                   help="edits the cache cannot append: re-encode them (exact) or splice and "
+                   "repair the reused rows on a budget (repair)")
+    p.add_argument("--budget", type=float, default=5.0, metavar="PCT",
+                   help="repair budget: percent of a reused block's rows recomputed")
+    p.add_argument("--cache-budget", type=int, default=2048, metavar="MIB",
+                   help="KV cache the live sessions may hold in all, in MiB (least recently "
+                   "used dropped first)")
+    p.add_argument("--max-sessions", type=int, default=8,
+                   help="live sessions (cached conversations) at most")
+    p.add_argument("--max-tokens", type=int, default=512,
+                   help="reply tokens at most when a request gives no max_tokens")
 
     p = _add(sub, "bench", "run a benchmark script from bench/", commands.cmd_bench, model=False)
     p.add_argument("name", help="benchmark name, e.g. blas, engine, dkl_sweep")

@@ -13,8 +13,8 @@ Contract:
   call opener is banned where it is one token), ``"auto"`` (free text; once the model writes the
   opener, the call's JSON is constrained by the schema grammar, llguidance), ``"required"`` or a
   tool name (the turn starts with a forced opener, the JSON constrained to all tools or the named
-  one). After a call closes, a turn with ``parallel`` calls may open another or end; otherwise it
-  must end. ``allowed()`` returns the bool mask ``(V,)`` for the next token, or None when
+  one). After a call closes, a turn with ``parallel`` calls may open another (a newline may come
+  first) or end, and nothing else; otherwise it must end. ``allowed()`` returns the bool mask ``(V,)`` for the next token, or None when
   unconstrained; ``accept(token)`` advances. Expected refusals are masks, never exceptions.
 - :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls.
 - :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
@@ -218,6 +218,8 @@ class TurnConstraint:
             return self._json.allowed_mask()
         if self.calls and not self.parallel:
             return self._only(*self.eos_ids)
+        if self.calls:  # after a call: another call (the opener, a newline before it) or the end
+            return self._only(self._opener[0], *self._newline[:1], *self.eos_ids)
         if self.choice == "none" and len(self._opener) == 1:
             mask = np.ones(self.vocab.size, dtype=bool)
             mask[self._opener[0]] = False
@@ -238,6 +240,9 @@ class TurnConstraint:
                 self._json, self._text = None, ""
                 self.calls += 1
                 self._forced = list(self._closer)
+            return
+        if self.calls and token == self._opener[0]:  # the next call's opener: write the rest
+            self._open_call(self._opener[1:] + self._newline)
             return
         self._text += self._token_text(token)
         if self._compiled is not None and self._text.endswith(CALL_OPEN):

@@ -1,0 +1,207 @@
+"""The HTTP surface: a Starlette app with OpenAI's chat-completions routes over an :class:`Engine`.
+
+Contract: ``build_app(engine, model_names)`` serves
+
+- ``POST /v1/chat/completions``: the body is checked (:mod:`.protocol`), the model named must be
+  one of ``model_names`` (else HTTP 404 ``model_not_found``), the conversation is rendered and
+  fitted (:meth:`Engine.prepare`); any problem is an HTTP 400 with an OpenAI error body, before
+  any generation. Then the reply is generated in a worker thread (the model is not async) and
+  answered whole (``chat.completion``) or, with ``stream``, as server-sent events
+  (``chat.completion.chunk``: the role, content pieces, incremental tool calls, a last chunk
+  with ``finish_reason``, a usage chunk with ``stream_options.include_usage``, then
+  ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`).
+- ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters and the
+  pool's sessions and bytes).
+
+A client that goes away stops its generation at the next token (streamed: the stream's end;
+whole: a disconnect poll). A failure inside generation is answered 500 (``server_error``), or as
+an error event once a stream has started; no request can stop the server. Unknown routes and
+methods answer OpenAI-style errors too. It knows nothing about sockets or uvicorn
+(:mod:`.runner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from nexus_mlx.errors import NexusError
+from nexus_mlx.server import responses as R
+from nexus_mlx.server.engine import Engine, Prepared
+from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
+from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.stream import ReplyAssembler
+
+log = logging.getLogger("nexus_mlx.server")
+DISCONNECT_POLL_S = 0.25
+_END = object()  # the stream queue's end marker
+
+
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _internal(exc: BaseException) -> ApiError:
+    if isinstance(exc, (NexusError, ValueError)):  # a request the checks let through
+        return ApiError(400, str(exc))
+    log.exception("generation failed", exc_info=exc)
+    return ApiError(500, f"the server failed while generating: {type(exc).__name__}: {exc}",
+                    type="server_error")
+
+
+class ChatHandler:
+    """``POST /v1/chat/completions`` (see the module docstring)."""
+
+    def __init__(self, engine: Engine, model_names: list[str], executor: Executor) -> None:
+        self.engine, self.model_names, self.executor = engine, model_names, executor
+
+    async def handle(self, request: Request) -> Response:
+        arrived = time.perf_counter()
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return _error(ApiError(400, f"the request body is not valid JSON: {exc}"))
+        parsed = parse_chat_request(body)
+        if isinstance(parsed, ApiError):
+            return _error(parsed)
+        if parsed.model not in self.model_names:
+            return _error(ApiError(404, f"The model `{parsed.model}` does not exist; this "
+                                   f"server serves {self.model_names}", "model",
+                                   "model_not_found"))
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(self.executor, self.engine.prepare, parsed,
+                                                  arrived)
+        except Exception as exc:
+            return _error(_internal(exc))
+        if isinstance(prepared, ApiError):
+            return _error(prepared)
+        if parsed.stream:
+            return EventSourceResponse(self._events(prepared), ping=15)
+        return await self._whole(request, prepared)
+
+    async def _whole(self, request: Request, prepared: Prepared) -> Response:
+        cancel = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, cancel))
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(self.executor, self.engine.complete, prepared,
+                                              None, cancel)
+        except Exception as exc:
+            return _error(_internal(exc))
+        finally:
+            watcher.cancel()
+        if done is None:  # the client went away, or the server is stopping
+            if await request.is_disconnected():
+                return _error(ApiError(499, "the client closed the request", type="cancelled"))
+            return _error(ApiError(503, "the generation was cancelled: the server is stopping",
+                                   type="server_error"))
+        r = prepared.request
+        assembler = ReplyAssembler(calls=r.calls_allowed, stop=r.stop)
+        assembler.finish(done.reply.text)
+        cid, created = R.completion_id(), R.now()
+        return JSONResponse(R.completion_body(cid, created, r.model, assembler.content,
+                                              assembler.tool_calls, done))
+
+    async def _events(self, prepared: Prepared) -> AsyncIterator[dict[str, str]]:
+        r: ChatRequest = prepared.request
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def push(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(updates.put_nowait, item)
+            except RuntimeError:  # the loop has closed: nobody is listening
+                cancel.set()
+
+        def run() -> Completion | None:
+            try:
+                return self.engine.complete(prepared, push, cancel)
+            finally:
+                push(_END)
+
+        job = loop.run_in_executor(self.executor, run)
+        job.add_done_callback(lambda f: f.cancelled() or f.exception())  # always retrieved
+        cid, created = R.completion_id(), R.now()
+        assembler = ReplyAssembler(calls=r.calls_allowed, stop=r.stop)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, str]:
+            return {"data": json.dumps(R.chunk_body(cid, created, r.model, delta, finish))}
+
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            while (item := await updates.get()) is not _END:
+                for delta in assembler.feed(item):
+                    yield chunk(delta)
+            try:
+                done = await job
+            except Exception as exc:
+                yield {"data": json.dumps(_internal(exc).body())}
+                return
+            if done is None:  # cancelled while the client listens: the server is stopping
+                yield {"data": json.dumps(ApiError(503, "the generation was cancelled: the "
+                                                   "server is stopping",
+                                                   type="server_error").body())}
+                return
+            for delta in assembler.finish(done.reply.text):
+                yield chunk(delta)
+            yield chunk({}, R.finish_reason(done.reply))
+            if r.include_usage:
+                yield {"data": json.dumps(R.usage_chunk(cid, created, r.model, done))}
+            yield {"data": "[DONE]"}
+        finally:
+            cancel.set()  # a no-op after a full reply; stops a generation the client left
+
+
+async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
+    while not cancel.is_set():
+        if await request.is_disconnected():
+            cancel.set()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Starlette:
+    """The Starlette app (see the module docstring)."""
+    started = R.now()
+    chat = ChatHandler(engine, model_names, executor)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(R.models_body(model_names, started))
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in model_names:
+            return _error(ApiError(404, f"The model `{name}` does not exist", "model",
+                                   "model_not_found"))
+        return JSONResponse(R.model_body(name, started))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "models": model_names, **engine.stats()})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+        return _error(ApiError(status, f"{request.method} {request.url.path}: {detail}"))
+
+    routes = [
+        Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

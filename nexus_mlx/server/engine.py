@@ -1,0 +1,176 @@
+"""The server's model side: checked requests in, replies out, on the MLX thread.
+
+Contract: ``Engine(model, tokenizer, policy=..., budget=..., max_sessions=...,
+cache_budget=..., max_tokens=...)`` owns one loaded model and a :class:`SessionPool` of live
+sessions over it. Both calls block and are meant for worker threads:
+
+- ``prepare(request)`` renders the conversation with the model's chat template and checks what
+  only the model can: that the template renders it, that it fits the context (with the asked
+  ``max_tokens``: HTTP 400 ``context_length_exceeded``, as OpenAI answers), that the tools'
+  schemas and the ``response_format`` compile to grammars. It returns a :class:`Prepared`
+  request or an :class:`ApiError`; nothing is cached yet.
+- ``complete(prepared, on_text, cancel)`` takes a pooled session (the one whose cache keeps the
+  most of this conversation, :mod:`.pool`), generates under the request's constraint and
+  sampler (greedy at temperature 0), calls ``on_text(text_so_far)`` after each token, and
+  returns a :class:`Completion`, or None when ``cancel`` was set (the generation stops at the
+  next token; the session keeps what it cached and goes back to the pool).
+
+Every MLX computation, tokenizer call included, runs on the process's MLX thread
+(:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
+sessions overlap in waiting, parsing and streaming, not in model evaluation, so each reply is the
+one a lone client would get. ``cancel_all()`` sets every in-flight request's cancel event (server
+shutdown). It knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
+from nexus_mlx.agent.session import Policy, Session
+from nexus_mlx.decode.call_format import turn_constraint
+from nexus_mlx.errors import ArgumentError, ToolError
+from nexus_mlx.server.pool import SessionPool
+from nexus_mlx.server.protocol import ApiError, ChatRequest
+from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.sampling import make_sampler
+
+DEFAULT_MAX_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request: ChatRequest
+    ids: np.ndarray  # the rendered conversation, the assistant's turn opened
+    max_tokens: int
+    arrived: float  # time.perf_counter() when the request arrived
+
+
+class Engine:
+    """See the module docstring."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, policy: Policy = "repair",
+                 budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
+                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
+        self.policy, self.budget = policy, budget
+        # the renderer checks the policy and budget once; it never steps
+        self._renderer: Session = run_on_mlx_thread(self._new_session)
+        self.context = self._renderer.max_positions
+        self.pool = SessionPool(lambda: run_on_mlx_thread(self._new_session),
+                                max_sessions=max_sessions, cache_budget=cache_budget)
+        self._lock = threading.Lock()
+        self._inflight: set[threading.Event] = set()
+        self.served = self.cancelled = self.failed = 0
+
+    def _new_session(self) -> Session:
+        return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget)
+
+    # ---- checking -----------------------------------------------------------------------
+    def prepare(self, request: ChatRequest, arrived: float | None = None) -> Prepared | ApiError:
+        arrived = time.perf_counter() if arrived is None else arrived
+        return run_on_mlx_thread(self._prepare, request, arrived)
+
+    def _prepare(self, request: ChatRequest, arrived: float) -> Prepared | ApiError:
+        try:
+            ids = self._renderer.render(request.messages, request.tools or None)
+        except ArgumentError as exc:
+            return ApiError(400, str(exc), "messages")
+        n, limit = len(ids), self.context
+        if n >= limit:
+            return ApiError(400, f"This model's maximum context length is {limit} tokens. "
+                            f"However, your messages resulted in {n} tokens.", "messages",
+                            "context_length_exceeded")
+        if request.max_tokens is not None and n + request.max_tokens > limit:
+            return ApiError(400, f"This model's maximum context length is {limit} tokens. "
+                            f"However, you requested {n + request.max_tokens} tokens ({n} in "
+                            f"the messages, {request.max_tokens} in the completion).",
+                            "max_tokens", "context_length_exceeded")
+        eos = self._renderer.eos_token_ids
+        for param, tools, choice, fmt in (
+                ("tools", request.tools, request.tool_choice, None),
+                ("response_format", (), "auto", request.response_format)):
+            if not tools and fmt is None:
+                continue
+            try:
+                turn_constraint(self.tokenizer, tools, choice, request.parallel_tool_calls, fmt,
+                                eos)
+            except (ToolError, ArgumentError) as exc:
+                return ApiError(400, str(exc), param)
+        max_tokens = request.max_tokens or min(self.max_tokens, limit - n)
+        return Prepared(request, np.asarray(ids, dtype=np.int64), max_tokens, arrived)
+
+    # ---- generating ---------------------------------------------------------------------
+    def complete(self, prepared: Prepared, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Completion | None:
+        cancel = threading.Event() if cancel is None else cancel
+        with self._lock:
+            self._inflight.add(cancel)
+        try:
+            entry = self.pool.acquire(prepared.ids, cancel.is_set)
+            if entry is None:
+                self._count_cancelled()
+                return None
+            try:
+                reply, started = run_on_mlx_thread(self._generate, entry.session, prepared,
+                                                   on_text, cancel)
+            except CancelledError:
+                self._count_cancelled()
+                return None
+            except BaseException:
+                with self._lock:
+                    self.failed += 1
+                raise
+            finally:
+                self.pool.release(entry)
+            with self._lock:
+                self.served += 1
+            return Completion(reply, entry.id, started - prepared.arrived)
+        finally:
+            with self._lock:
+                self._inflight.discard(cancel)
+
+    def _count_cancelled(self) -> None:
+        with self._lock:
+            self.cancelled += 1
+
+    @staticmethod
+    def _generate(session: Session, prepared: Prepared, on_text: Callable[[str], None] | None,
+                  cancel: threading.Event) -> tuple[Any, float]:
+        started = time.perf_counter()
+        if cancel.is_set():
+            raise CancelledError("cancelled before it started")
+
+        def on_token(_token: int, text: str) -> None:
+            if cancel.is_set():
+                raise CancelledError("the client went away")
+            if on_text is not None:
+                on_text(text)
+
+        r = prepared.request
+        reply = session.generate(
+            r.messages, r.tools or None, tool_choice=r.tool_choice,
+            parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
+            max_tokens=prepared.max_tokens, stop=r.stop,
+            sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token)
+        return reply, started
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            for event in self._inflight:
+                event.set()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = {"served": self.served, "cancelled": self.cancelled, "failed": self.failed,
+                      "in_flight": len(self._inflight)}
+        return {**counts, **self.pool.stats()}

@@ -1,0 +1,219 @@
+"""A chat-completions request body, checked: a :class:`ChatRequest` or an :class:`ApiError`.
+
+Contract: :func:`parse_chat_request` ``(body)`` checks every field of a decoded JSON body and
+returns the request normalised, or the first problem as an :class:`ApiError` (HTTP 400, the
+offending field in ``param``) — an expected rejection, so a return value. It accepts:
+
+- ``model`` (a string; whether it is served is the app's check), ``messages``, ``tools``,
+  ``tool_choice``, ``parallel_tool_calls`` (:mod:`.messages`);
+- ``response_format``: ``text``, ``json_object`` or ``json_schema`` (``{"name", "schema",
+  "strict"?, "description"?}``); not together with a forced tool call;
+- ``stream`` and ``stream_options.include_usage``; ``max_tokens`` / ``max_completion_tokens``
+  (the latter wins; both positive integers); ``temperature`` in [0, 2] (0 or absent: greedy),
+  ``top_p`` in (0, 1] and ``seed`` (an integer), which apply when sampling; ``stop``: a string
+  or a list of up to 4;
+- fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
+  ``n: 1``, zero penalties, ...). Any other field, or a value these cannot honour (``n: 2``,
+  ``logprobs: true``), is refused by name rather than ignored.
+
+It knows nothing about models, tokenizers, sessions or HTTP beyond the error body's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nexus_mlx.errors import ArgumentError
+from nexus_mlx.server.messages import NAME, check_messages, check_tool_choice, check_tools
+
+MAX_STOP = 4
+# fields that change nothing here, with the values that keep it so
+_NO_OPS: dict[str, Callable[[Any], bool]] = {
+    "user": lambda v: v is None or isinstance(v, str),
+    "metadata": lambda v: v is None or isinstance(v, dict),
+    "store": lambda v: v in (None, False, True),
+    "service_tier": lambda v: v is None or isinstance(v, str),
+    "n": lambda v: v in (None, 1) and not isinstance(v, bool),
+    "logprobs": lambda v: v in (None, False),
+    "top_logprobs": lambda v: v in (None, 0),
+    "frequency_penalty": lambda v: v in (None, 0),
+    "presence_penalty": lambda v: v in (None, 0),
+    "logit_bias": lambda v: v is None or v == {},
+    "modalities": lambda v: v is None or v == ["text"],
+}
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """An OpenAI-style error answer."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str = "invalid_request_error"
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None  # None: plain text
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None  # None: the server's default, within the context
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def calls_allowed(self) -> bool:
+        """Whether the reply may hold tool calls."""
+        return bool(self.tools) and self.tool_choice != "none" and self.response_format is None
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be a boolean, got {value!r}")
+    return value
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float, *, open_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentError(f"{name} must be a number, got {value!r}")
+    if not (low < value <= high if open_low else low <= value <= high):
+        bracket = "(" if open_low else "["
+        raise ArgumentError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentError(f"seed must be an integer, got {value!r}")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > MAX_STOP or not all(
+            isinstance(s, str) and s for s in items):
+        raise ArgumentError(f"stop must be a non-empty string or a list of up to {MAX_STOP} "
+                            f"non-empty strings, got {value!r}")
+    return tuple(items)
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise ArgumentError("response_format must be {'type': 'text'}, {'type': 'json_object'} "
+                            "or {'type': 'json_schema', 'json_schema': {...}}")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ArgumentError("response_format.json_schema must be an object with 'name' and "
+                            "'schema'")
+    unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if unknown:
+        raise ArgumentError(f"response_format.json_schema has unknown fields {unknown}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ArgumentError(f"response_format.json_schema.name must match [A-Za-z0-9_-]{{1,64}}, "
+                            f"got {name!r}")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, (dict, bool)):
+        raise ArgumentError("response_format.json_schema.schema must be a JSON Schema object")
+    if not isinstance(spec.get("strict", False), (bool, type(None))):
+        raise ArgumentError("response_format.json_schema.strict must be a boolean")
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def _include_usage(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - {"include_usage", "include_obfuscation"}:
+        raise ArgumentError("stream_options must be {'include_usage': bool}")
+    return _bool(value.get("include_usage", False), "stream_options.include_usage")
+
+
+def _error(exc: ArgumentError, param: str) -> ApiError:
+    return ApiError(400, str(exc), param)
+
+
+def parse_chat_request(body: Any) -> ChatRequest | ApiError:
+    """The checked request, or the first problem (see the module docstring)."""
+    if not isinstance(body, Mapping):
+        return ApiError(400, "the request body must be a JSON object")
+    known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+             "response_format", "stream", "stream_options", "max_tokens",
+             "max_completion_tokens", "temperature", "top_p", "seed", "stop", *_NO_OPS}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
+                        "unknown_parameter")
+    for name, ok in _NO_OPS.items():
+        if name in body and not ok(body[name]):
+            return ApiError(400, f"{name}={body[name]!r} is not supported by this server", name,
+                            "unsupported_value")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return ApiError(400, "you must provide a model parameter (a string)", "model",
+                        "missing_required_parameter" if model is None else None)
+    if "messages" not in body:
+        return ApiError(400, "missing required parameter 'messages'", "messages",
+                        "missing_required_parameter")
+    values: dict[str, Any] = {"model": model}
+    checks: list[tuple[str, str, Callable[[Any], Any]]] = [
+        ("messages", "messages", check_messages),
+        ("tools", "tools", check_tools),
+        ("parallel_tool_calls", "parallel_tool_calls", lambda v: _bool(v, "parallel_tool_calls")),
+        ("response_format", "response_format", _response_format),
+        ("stream", "stream", lambda v: _bool(v, "stream")),
+        ("stream_options", "include_usage", _include_usage),
+        ("max_tokens", "max_tokens", lambda v: _positive_int(v, "max_tokens")),
+        ("max_completion_tokens", "max_completion_tokens",
+         lambda v: _positive_int(v, "max_completion_tokens")),
+        ("temperature", "temperature", lambda v: _number(v, "temperature", 0.0, 2.0)),
+        ("top_p", "top_p", lambda v: _number(v, "top_p", 0.0, 1.0, open_low=True)),
+        ("seed", "seed", _seed),
+        ("stop", "stop", _stop),
+    ]
+    for key, target, check in checks:
+        if body.get(key) is None:
+            continue  # absent or null: the default
+        try:
+            values[target] = check(body[key])
+        except ArgumentError as exc:
+            return _error(exc, key)
+    if "tool_choice" in body and body["tool_choice"] is not None:
+        try:
+            values["tool_choice"] = check_tool_choice(body["tool_choice"], values.get("tools", []))
+        except ArgumentError as exc:
+            return _error(exc, "tool_choice")
+    if "include_usage" in values and not values.get("stream"):
+        return ApiError(400, "stream_options is only allowed when stream is true",
+                        "stream_options")
+    completion = values.pop("max_completion_tokens", None)
+    if completion is not None:
+        values["max_tokens"] = completion
+    forced = values.get("tool_choice", "auto") not in ("none", "auto")
+    if forced and values.get("response_format") is not None:
+        return ApiError(400, "a request cannot both force a tool call (tool_choice) and ask for "
+                        "a response_format", "response_format")
+    return ChatRequest(**values)

@@ -1,0 +1,101 @@
+"""The OpenAI-shaped answers: a chat completion, its stream chunks, usage with the ``nexus``
+extension, and the models list.
+
+Contract: pure functions from a finished (or growing) reply to JSON-ready dicts.
+``usage`` carries ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
+``prompt_tokens_details.cached_tokens`` (the rows the session kept or spliced rather than
+computed), plus ``nexus``: what the live cache did for this request (``path`` and ``reason``;
+rows ``reused`` / ``spliced`` / ``repaired`` / ``computed`` / ``deleted``; the pooled
+``session``; ``timings`` in seconds: the session's stages, ``ttft``, ``decode`` and ``queue``, the
+wait for a session and the model). Finish reasons map ``stop_string`` to ``stop``. It knows
+nothing about HTTP or how replies are made.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from nexus_mlx.agent.session import Reply
+from nexus_mlx.server.stream import AssembledCall, Delta
+
+OWNER = "nexus-mlx"
+_FINISH = {"stop": "stop", "stop_string": "stop", "tool_calls": "tool_calls", "length": "length"}
+
+
+@dataclass
+class Completion:
+    """A reply and where it was made."""
+
+    reply: Reply
+    session: int  # the pooled session's id
+    queue_s: float  # from the request's arrival to the start of its step
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def finish_reason(reply: Reply) -> str:
+    return _FINISH.get(reply.finish_reason, "stop")
+
+
+def usage(done: Completion) -> dict[str, Any]:
+    reply, report = done.reply, done.reply.report
+    timings = {k: round(v, 6) for k, v in report.timings.items()}
+    timings.update(ttft=round(reply.ttft_s, 6), decode=round(reply.decode_s, 6),
+                   queue=round(done.queue_s, 6))
+    return {
+        "prompt_tokens": report.prompt_tokens,
+        "completion_tokens": len(reply.tokens),
+        "total_tokens": report.prompt_tokens + len(reply.tokens),
+        "prompt_tokens_details": {"cached_tokens": report.reused + report.spliced},
+        "nexus": {"path": report.path, "reason": report.reason, "reused": report.reused,
+                  "spliced": report.spliced, "repaired": report.repaired,
+                  "computed": report.computed, "deleted": report.deleted,
+                  "session": done.session, "timings": timings},
+    }
+
+
+def tool_call_body(call: AssembledCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def completion_body(cid: str, created: int, model: str, content: str,
+                    calls: list[AssembledCall], done: Completion) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": (content or None) if calls else content}
+    if calls:
+        message["tool_calls"] = [tool_call_body(c) for c in calls]
+    return {
+        "id": cid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": finish_reason(done.reply)}],
+        "usage": usage(done),
+    }
+
+
+def chunk_body(cid: str, created: int, model: str, delta: Delta,
+               finish: str | None = None) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def usage_chunk(cid: str, created: int, model: str, done: Completion) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": usage(done)}
+
+
+def models_body(names: list[str], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_body(n, created) for n in names]}
+
+
+def model_body(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNER}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,42 @@
+"""Temperature / top-p sampling with a seeded generator, as a session ``sampler``.
+
+Contract: :func:`make_sampler` ``(temperature, top_p, seed)`` returns None for greedy decoding
+(temperature 0) or a callable ``(logprobs (1, V) mx.array) -> (1,) mx.array`` holding the sampled
+id. It draws from ``softmax(logprobs / temperature)`` restricted to the smallest set of ids whose
+probability reaches ``top_p`` (ties broken by id), with a ``numpy`` generator seeded by ``seed``
+(fresh entropy when None): the same seed over the same logits gives the same ids, whatever else
+the process samples. Ids a constraint masked (``-inf``) are never drawn. It must run where the
+logits are evaluated (the session's decode loop); it knows nothing about requests or sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
+                 ) -> Sampler | None:
+    if temperature <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+
+    def sample(logprobs: mx.array) -> mx.array:
+        scaled = np.array(logprobs.astype(mx.float32), dtype=np.float64).reshape(-1) / temperature
+        probs = np.exp(scaled - scaled.max())  # (V,)
+        if top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order]) / probs.sum()
+            keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
+            kept = np.zeros_like(probs)
+            kept[keep] = probs[keep]
+            probs = kept
+        cumulative = np.cumsum(probs)
+        token = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        return mx.array([min(token, probs.size - 1)])
+
+    return sample

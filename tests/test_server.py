@@ -1,0 +1,597 @@
+"""``nexus-mlx serve`` driven over loopback by the official ``openai`` client (and by raw HTTP
+where the wire format itself is checked).
+
+Two servers: the default model (SmolLM2-135M) where behaviour matters (tool calls under each
+``tool_choice``, a ``json_schema`` reply, a streamed tool call equal to the whole one, a
+tool-result follow-up served from the cache), and a tiny random-weight llama with the default
+model's tokenizer and chat template where it does not (request checking, concurrency,
+disconnects, seeds, the session pool). Every server listens on 127.0.0.1 on a free port and is
+stopped by its handle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+openai = pytest.importorskip("openai")
+
+from nexus_mlx.agent.session import Session  # noqa: E402
+from nexus_mlx.cli.main import main  # noqa: E402
+from nexus_mlx.decode.call_format import parse_tool_calls  # noqa: E402
+from nexus_mlx.models.build import model_classes  # noqa: E402
+from nexus_mlx.server import Server, serve  # noqa: E402
+from nexus_mlx.server.pool import SessionPool, reuse_of  # noqa: E402
+from nexus_mlx.server.stream import ReplyAssembler  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TIME_SCHEMA = {"type": "object", "properties": {"timezone": {"type": "string"}},
+               "required": ["timezone"]}
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a "
+                                      "timezone", "parameters": TIME_SCHEMA}},
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": CITY_SCHEMA}},
+]
+SCHEMAS = {"get_time": TIME_SCHEMA, "get_weather": CITY_SCHEMA}
+ASK_TIME = [{"role": "user", "content": "What time is it in Tokyo?"}]
+TINY_CONTEXT = 2048
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+def _tiny_llama() -> Any:
+    """A random-weight llama (hidden 64, 2 layers) over the default tokenizer's vocabulary;
+    untied, so its greedy replies depend on the prompt."""
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
+              "max_position_embeddings": TINY_CONTEXT, "tie_word_embeddings": False}
+    model_cls, args_cls = model_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    norms = [(k, 1.0 + 0.5 * mx.random.normal(v.shape))
+             for k, v in tree_flatten(model.parameters()) if "norm" in k]
+    model.load_weights(norms, strict=False)
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(default_model):
+    return _tiny_llama(), default_model[1]
+
+
+@contextmanager
+def running(model: Any, tokenizer: Any, **options: Any):
+    server = serve(model, tokenizer, host="127.0.0.1", port=0, **options)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny):
+    server = serve(*tiny, model_name="tiny", host="127.0.0.1", port=0)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def real_server(default_model):
+    server = serve(*default_model, model_name="default", host="127.0.0.1", port=0)
+    yield server
+    server.stop()
+
+
+def client(server: Server) -> Any:
+    return openai.OpenAI(base_url=server.base_url, api_key="not-needed", max_retries=0,
+                         timeout=300)
+
+
+def http(server: Server, path: str, body: Any = None, *, raw: bytes | None = None,
+         method: str | None = None) -> tuple[int, Any]:
+    """(status, decoded JSON body) of one plain HTTP request."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(server.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def healthy(server: Server) -> dict[str, Any]:
+    status, body = http(server, "/health")
+    assert status == 200 and body["status"] == "ok", body
+    return body
+
+
+def calls_of(message: Any) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def assemble(stream: Any) -> tuple[str, list[dict[str, Any]], str | None, Any, list[Any]]:
+    """(content, tool calls, finish reason, usage, chunks) of a streamed reply."""
+    content, calls, finish, usage, chunks = "", [], None, None, []
+    for chunk in stream:
+        chunks.append(chunk)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or []:
+            if d.index == len(calls):
+                assert d.id and d.function.name, "a call's first delta names it"
+                calls.append({"id": d.id, "name": d.function.name, "arguments": ""})
+            calls[d.index]["arguments"] += d.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish, usage, chunks
+
+
+# ---- the default model: a tool call and a schema reply ----------------------------------------
+def test_the_default_model_calls_a_tool_and_its_result_is_served_from_the_cache(real_server):
+    c = client(real_server)
+    whole = c.chat.completions.create(
+        model="default", messages=ASK_TIME, tools=TOOLS, max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False)
+    choice = whole.choices[0]
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+    assert whole.model == "default" and isinstance(whole.created, int)
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), TIME_SCHEMA)
+    usage = whole.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    nexus = usage.model_extra["nexus"]
+    assert {"path", "reason", "reused", "spliced", "repaired", "computed", "deleted",
+            "timings"} <= set(nexus)
+    assert {"ttft", "decode", "queue", "total"} <= set(nexus["timings"])
+
+    # the client sends the reply back (as the SDK's own object) with the tool's result
+    follow = c.chat.completions.create(
+        model="default", tools=TOOLS, max_tokens=2,
+        messages=[*ASK_TIME, choice.message,
+                  {"role": "tool", "tool_call_id": call.id, "content": "10:42"}])
+    cached = follow.usage.prompt_tokens_details.cached_tokens
+    extra = follow.usage.model_extra["nexus"]
+    assert cached >= whole.usage.prompt_tokens, extra
+    assert cached == extra["reused"] + extra["spliced"]
+
+
+def test_json_schema_reply_validates(real_server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = client(real_server).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Give a person as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person",
+                                                                "schema": schema}},
+        max_tokens=40).choices[0]
+    assert reply.finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.message.content), schema)
+
+
+# ---- wire format, models, health ------------------------------------------------------------
+def test_models_health_and_the_sse_wire_format(tiny_server):
+    c = client(tiny_server)
+    assert [m.id for m in c.models.list()] == ["tiny"]
+    assert c.models.retrieve("tiny").owned_by == "nexus-mlx"
+    assert healthy(tiny_server)["models"] == ["tiny"]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "stream": True}
+    request = urllib.request.Request(tiny_server.url + "/v1/chat/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [line.decode().strip() for line in response if line.startswith(b"data:")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data:"):]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+
+
+def test_a_streamed_reply_equals_the_whole_one_and_follow_ups_are_cached(tiny_server):
+    c = client(tiny_server)
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                      stop=["\n\n"])
+    content, calls, finish, _, _ = assemble(c.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, stop=["\n\n"], stream=True))
+    assert (content, calls, finish) == (whole.choices[0].message.content, [],
+                                        whole.choices[0].finish_reason)
+    follow = c.chat.completions.create(model="tiny", max_tokens=2, messages=[
+        *messages, {"role": "assistant", "content": content},
+        {"role": "user", "content": "And the mountains?"}])
+    assert follow.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_deleted_turn_is_repaired_in_place_not_re_encoded(tiny):
+    long_turn = " ".join(f"Fact {i}: the valve {i} opens at {3 * i} bar." for i in range(12))
+    first = [{"role": "user", "content": "Note: the pump is off."},
+             {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": long_turn}]
+    with running(*tiny, model_name="tiny", policy="repair", budget=10.0) as server:
+        c = client(server)
+        c.chat.completions.create(model="tiny", messages=first, max_tokens=1)
+        edited = c.chat.completions.create(model="tiny", messages=first[2:], max_tokens=1)
+    nexus = edited.usage.model_extra["nexus"]
+    assert nexus["path"] == "repair" and nexus["spliced"] >= 64 and nexus["deleted"] > 0, nexus
+    assert 0 < nexus["repaired"] < nexus["spliced"]
+    assert edited.usage.prompt_tokens_details.cached_tokens == nexus["reused"] + nexus["spliced"]
+
+
+def test_a_seed_makes_sampling_reproducible(tiny_server):
+    c = client(tiny_server)
+
+    def sample(seed: int, **kw: Any) -> str:
+        return c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Pick words."}], max_tokens=8,
+            temperature=1.0, seed=seed, **kw).choices[0].message.content
+
+    assert sample(7) == sample(7) and sample(7, top_p=0.5) == sample(7, top_p=0.5)
+    assert len({sample(7), sample(8), sample(9)}) > 1
+    greedy = c.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                               "content": "Pick words."}],
+                                       max_tokens=8).choices[0].message.content
+    assert greedy == c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Pick words."}], max_tokens=8,
+        temperature=0, seed=3).choices[0].message.content
+
+
+# ---- tool choices and streaming on the tiny model (the grammar decides, not the model) --------
+TINY_TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["JST", "UTC", "CET"]}},
+        "required": ["zone"]}}},
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}},
+        "required": ["city"]}}},
+]
+TINY_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TINY_TOOLS}
+
+
+def test_a_streamed_tool_call_equals_the_whole_one(tiny_server):
+    c = client(tiny_server)
+    ask = dict(model="tiny", messages=ASK_TIME, tools=TINY_TOOLS, max_tokens=40,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}},
+               parallel_tool_calls=False)
+    whole = c.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    [(name, arguments)] = calls_of(whole.message)
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+    content, calls, finish, usage, chunks = assemble(c.chat.completions.create(
+        **ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(ch.object == "chat.completion.chunk" and ch.id == chunks[0].id for ch in chunks)
+    header = next(d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or [])
+    assert header.id.startswith("call_") and header.type == "function"
+    assert (header.function.name, header.function.arguments) == ("get_weather", "")
+    fragments = [d.function.arguments for ch in chunks if ch.choices
+                 for d in ch.choices[0].delta.tool_calls or [] if d.function.arguments]
+    assert len(fragments) > 1, "arguments arrive in pieces as they are generated"
+    assert (content or None, [(k["name"], k["arguments"]) for k in calls], finish) == (
+        whole.message.content, calls_of(whole.message), whole.finish_reason)
+    assert usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_required_none_and_auto_tool_choices(tiny_server):
+    c = client(tiny_server)
+    ask = dict(model="tiny", messages=ASK_TIME, tools=TINY_TOOLS, parallel_tool_calls=False)
+    required = c.chat.completions.create(**ask, tool_choice="required", max_tokens=40).choices[0]
+    assert required.finish_reason == "tool_calls" and len(required.message.tool_calls) == 1
+    for name, arguments in calls_of(required.message):
+        jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+    bare = c.chat.completions.create(model="tiny", messages=ASK_TIME, max_tokens=1)
+    for choice in ("none", "auto"):
+        reply = c.chat.completions.create(**ask, tool_choice=choice, max_tokens=4)
+        assert reply.usage.prompt_tokens > bare.usage.prompt_tokens, "the tools are in the prompt"
+        message, finish = reply.choices[0].message, reply.choices[0].finish_reason
+        if choice == "none" or finish != "tool_calls":
+            assert message.tool_calls is None and isinstance(message.content, str)
+        else:  # "auto" and the model chose to call: the call is well formed
+            for name, arguments in calls_of(message):
+                jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+
+
+def test_a_json_object_reply_is_one_object(tiny_server):
+    reply = client(tiny_server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "JSON please."}], max_tokens=24,
+        response_format={"type": "json_object"}).choices[0]
+    assert reply.message.content.startswith("{") and reply.message.tool_calls is None
+    if reply.finish_reason == "stop":  # a random model may not close it within 24 tokens
+        assert isinstance(json.loads(reply.message.content), dict)
+
+
+# ---- bad requests -----------------------------------------------------------------------------
+USER = [{"role": "user", "content": "hi"}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+BAD_REQUESTS = [  # (name, body, status, param, code)
+    ("json", b"{not json", 400, None, None),
+    ("not-an-object", [1, 2], 400, None, None),
+    ("no-model", {"messages": USER}, 400, "model", "missing_required_parameter"),
+    ("unknown-model", {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
+    ("no-messages", {"model": "tiny"}, 400, "messages", "missing_required_parameter"),
+    ("empty-messages", {"model": "tiny", "messages": []}, 400, "messages", None),
+    ("bad-role", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages", None),
+    ("bad-content", {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400,
+     "messages", None),
+    ("image-part", {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages", None),
+    ("arguments-not-json", {"model": "tiny", "messages": [
+        *USER, {"role": "assistant", "tool_calls": [
+            {**CALL, "function": {"name": "get_time", "arguments": "{oops"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "x"}]}, 400, "messages", None),
+    ("orphan-tool-result", {"model": "tiny", "messages": [
+        *USER, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, 400, "messages",
+     None),
+    ("unanswered-call", {"model": "tiny", "messages": [
+        *USER, {"role": "assistant", "tool_calls": [CALL]}]}, 400, "messages", None),
+    ("tools-not-a-list", {"model": "tiny", "messages": USER, "tools": {"a": 1}}, 400, "tools",
+     None),
+    ("bad-tool-name", {"model": "tiny", "messages": USER, "tools": [
+        {"type": "function", "function": {"name": "no spaces"}}]}, 400, "tools", None),
+    ("duplicate-tools", {"model": "tiny", "messages": USER, "tools": [TOOLS[0], TOOLS[0]]}, 400,
+     "tools", None),
+    ("schema-does-not-compile", {"model": "tiny", "messages": USER, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "banana"}}}}}]}, 400, "tools", None),
+    ("unknown-tool-choice", {"model": "tiny", "messages": USER, "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "launch"}}}, 400, "tool_choice", None),
+    ("required-without-tools", {"model": "tiny", "messages": USER, "tool_choice": "required"},
+     400, "tool_choice", None),
+    ("bad-response-format", {"model": "tiny", "messages": USER,
+                             "response_format": {"type": "yaml"}}, 400, "response_format", None),
+    ("response-schema-does-not-compile", {"model": "tiny", "messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}}}, 400,
+     "response_format", None),
+    ("forced-call-and-format", {"model": "tiny", "messages": USER, "tools": TOOLS,
+                                "tool_choice": "required",
+                                "response_format": {"type": "json_object"}}, 400,
+     "response_format", None),
+    ("max-tokens-zero", {"model": "tiny", "messages": USER, "max_tokens": 0}, 400, "max_tokens",
+     None),
+    ("max-tokens-text", {"model": "tiny", "messages": USER, "max_completion_tokens": "many"},
+     400, "max_completion_tokens", None),
+    ("hot", {"model": "tiny", "messages": USER, "temperature": 3}, 400, "temperature", None),
+    ("top-p-zero", {"model": "tiny", "messages": USER, "top_p": 0}, 400, "top_p", None),
+    ("seed-float", {"model": "tiny", "messages": USER, "seed": 1.5}, 400, "seed", None),
+    ("five-stops", {"model": "tiny", "messages": USER, "stop": list("abcde")}, 400, "stop", None),
+    ("n-two", {"model": "tiny", "messages": USER, "n": 2}, 400, "n", "unsupported_value"),
+    ("unknown-field", {"model": "tiny", "messages": USER, "frobnicate": 1}, 400, "frobnicate",
+     "unknown_parameter"),
+    ("stream-options-alone", {"model": "tiny", "messages": USER,
+                              "stream_options": {"include_usage": True}}, 400, "stream_options",
+     None),
+    ("context-overflow", {"model": "tiny", "messages": [
+        {"role": "user", "content": "word " * (TINY_CONTEXT + 10)}]}, 400, "messages",
+     "context_length_exceeded"),
+    ("completion-overflow", {"model": "tiny", "messages": USER, "max_tokens": TINY_CONTEXT},
+     400, "max_tokens", "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("name,body,status,param,code", BAD_REQUESTS,
+                         ids=[b[0] for b in BAD_REQUESTS])
+def test_a_bad_request_is_answered_with_an_openai_error(tiny_server, name, body, status, param,
+                                                        code):
+    raw = body if isinstance(body, bytes) else None
+    got, answer = http(tiny_server, "/v1/chat/completions", None if raw else body, raw=raw)
+    assert got == status, answer
+    error = answer["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == (param, code), error["message"]
+
+
+def test_the_server_is_healthy_after_bad_requests(tiny_server):
+    for _, body, *_ in BAD_REQUESTS[::3]:
+        http(tiny_server, "/v1/chat/completions", None if isinstance(body, bytes) else body,
+             raw=body if isinstance(body, bytes) else None)
+    assert http(tiny_server, "/v1/chat/completions", method="GET")[0] == 405
+    assert http(tiny_server, "/nowhere")[0] == 404
+    with pytest.raises(openai.BadRequestError) as info:  # the SDK sees the error body too
+        client(tiny_server).chat.completions.create(model="tiny", messages=[], max_tokens=1)
+    assert info.value.body["param"] == "messages"
+    body = healthy(tiny_server)
+    assert body["in_flight"] == 0 and body["busy"] == 0
+    reply = client(tiny_server).chat.completions.create(model="tiny", messages=USER, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+
+
+# ---- concurrency and disconnects ---------------------------------------------------------------
+def _conversation(c: Any, index: int, turns: int) -> list[tuple[str, str, int]]:
+    """One client's conversation: each turn resends the whole history plus a new question.
+    Client 1 streams; client 2 samples with a seed."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": f"You are agent {index}."}]
+    out = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn} from client {index}?"})
+        kw: dict[str, Any] = {"temperature": 0.9, "seed": 100 + turn} if index == 2 else {}
+        ask = dict(model="tiny", messages=messages, max_tokens=6, **kw)
+        if index == 1:
+            content, _, finish, usage, _ = assemble(c.chat.completions.create(
+                **ask, stream=True, stream_options={"include_usage": True}))
+        else:
+            reply = c.chat.completions.create(**ask)
+            content, finish, usage = (reply.choices[0].message.content,
+                                      reply.choices[0].finish_reason, reply.usage)
+        out.append((content, finish, usage.prompt_tokens_details.cached_tokens))
+        messages.append({"role": "assistant", "content": content})
+    return out
+
+
+def test_four_parallel_clients_get_what_one_client_alone_gets(tiny):
+    clients, turns = 4, 5
+    with running(*tiny, model_name="tiny") as server:
+        c = client(server)
+        alone = [_conversation(c, i, turns) for i in range(clients)]
+    with running(*tiny, model_name="tiny") as server:
+        results: dict[int, Any] = {}
+        barrier = threading.Barrier(clients)
+
+        def run(i: int) -> None:
+            barrier.wait()
+            try:
+                results[i] = _conversation(client(server), i, turns)
+            except Exception as exc:  # reported below
+                results[i] = exc
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert healthy(server)["served"] == clients * turns
+    together = [results[i] for i in range(clients)]
+    assert [[(t, f) for t, f, _ in conv] for conv in together] == \
+        [[(t, f) for t, f, _ in conv] for conv in alone]
+    assert all(cached > 0 for conv in together for _, _, cached in conv[1:]), together
+
+
+def test_a_client_that_drops_mid_stream_leaves_the_server_healthy(tiny_server):
+    c = client(tiny_server)
+    before = healthy(tiny_server)
+    stream = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Write forever."}],
+        max_tokens=TINY_CONTEXT - 64, stream=True)
+    for n, _ in enumerate(stream):
+        if n == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while (state := healthy(tiny_server))["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state["in_flight"] == 0 and state["busy"] == 0
+    assert state["cancelled"] == before["cancelled"] + 1, "the generation stopped early"
+    reply = c.chat.completions.create(model="tiny", messages=USER, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+
+
+# ---- the pool and the assembler, without HTTP --------------------------------------------------
+def test_the_pool_reuses_the_longest_prefix_and_keeps_to_its_budget(tiny):
+    model, tokenizer = tiny
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(10, 40000, 40), rng.integers(10, 40000, 40)
+    pool = SessionPool(lambda: Session(model, tokenizer), max_sessions=2, cache_budget=1 << 30)
+
+    def serve_ids(ids: np.ndarray) -> int:
+        entry = pool.acquire(ids)
+        assert entry is not None
+        entry.session.step_ids(ids)
+        pool.release(entry)
+        return entry.id
+
+    first = serve_ids(a)
+    assert serve_ids(np.r_[a, b[:5]]) == first  # an append: the same session
+    second = serve_ids(b)  # unrelated: a new session rather than overwriting the first
+    assert second != first
+    assert serve_ids(np.r_[a[:30], b]) == first  # the longest common prefix wins
+    assert reuse_of(a, np.r_[a, b], repair=True, min_reuse=8) == (40, 0)
+    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=True, min_reuse=8) == (50, 30)
+    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=False, min_reuse=8) == (10, 70)
+    pool.cache_budget = 1  # every idle cache is over it: all dropped, least recently used first
+    serve_ids(a)
+    assert pool.stats()["sessions"] == 0 and pool.evicted == 2
+
+
+def test_the_assembler_reads_text_as_the_session_parser_does():
+    text = ('  Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'
+            '\n</tool_call>\n<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}'
+            '\n</tool_call>\n Done. STOP never shown')
+    assembler, deltas = ReplyAssembler(calls=True, stop=["STOP"]), []
+    for end in range(1, len(text) + 1):  # one character at a time
+        deltas += assembler.feed(text[:end])
+    deltas += assembler.finish(text[:text.index("STOP")])
+    expected = parse_tool_calls(text[:text.index("STOP")])
+    assert assembler.content == expected.content == "Sure.\n\n\n Done."
+    assert "".join(d.get("content", "") for d in deltas) == expected.content
+    assert [(c.name, json.loads(c.arguments)) for c in assembler.tool_calls] == \
+        [(c.name, c.arguments) for c in expected.calls]
+    first = [d for d in deltas if "tool_calls" in d and d["tool_calls"][0]["index"] == 0]
+    assert first[0]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": ""}
+    assert len(first) > 5, "the first call's arguments were streamed in pieces"
+    plain = ReplyAssembler(calls=False)
+    assert plain.finish("<tool_call>{}") == [{"content": "<tool_call>{}"}]
+    held = ReplyAssembler(calls=True, stop=["STOP"])
+    assert held.feed("caf\ufffd") == [{"content": "caf"}]  # the rest of a character to come
+    assert held.feed("café ST") == [{"content": "é"}]  # " ST" may begin the stop string
+    assert held.feed("café STOP and more") == [] and held.finish("café ") == []
+    assert held.content == "café"
+
+
+# ---- the command line -----------------------------------------------------------------------
+@pytest.mark.parametrize("argv,needle", [
+    (["--port", "70000"], "--port"),
+    (["--max-sessions", "0"], "--max-sessions"),
+    (["--cache-budget", "-1"], "--cache-budget"),
+    (["--budget", "101"], "--budget"),
+    (["--host", "no where"], "--host"),
+])
+def test_serve_checks_its_arguments_before_loading(monkeypatch, capsys, argv, needle):
+    import nexus_mlx.cli.commands as commands
+
+    monkeypatch.setattr(commands, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nexus-mlx: error:") and needle in err and "\n" not in err
+
+
+def test_serve_refuses_a_busy_port_before_loading(monkeypatch, capsys):
+    import nexus_mlx.cli.commands as commands
+
+    monkeypatch.setattr(commands, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
+    assert "in use" in capsys.readouterr().err
+
+
+def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nexus_mlx.cli", "serve", "--port", "0"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() else "")
+        url = line.split(" at ")[1].split()[0]
+        with urllib.request.urlopen(url + "/models", timeout=30) as response:
+            assert json.loads(response.read())["data"][0]["id"] == "default"
+        proc.send_signal(signal.SIGINT)
+        status, err = proc.wait(60), proc.stderr.read()
+        assert status == 0 and "stopping" in err, (status, err[-2000:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
