@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.nn as nn
 
+from nexus_mlx._platform.mlx_thread import on_mlx_thread
 from nexus_mlx.agent.loop import AgentRun, run_agent
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
 from nexus_mlx.agent.session import Session
@@ -67,6 +68,7 @@ class Agent:
         self.session: Session | None = None  # the live conversation of run(), made on first use
         self.history: list[dict[str, Any]] = []
 
+    @on_mlx_thread  # its MLX work runs on the one MLX thread, whichever thread calls
     def run(
         self,
         request: str,
@@ -93,6 +95,7 @@ class Agent:
         names = [decision.chosen] + [n for n, _ in decision.candidates if n != decision.chosen]
         return names[:k]
 
+    @on_mlx_thread  # its MLX work runs on the one MLX thread, whichever thread calls
     def turn(self, messages: Sequence[Message]) -> AgentTurn:
         """Route the last user message and generate the chosen tool's call."""
         with self.lock:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nexus_mlx._platform.mlx_thread import on_mlx_thread
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.routing.embedding_cache import (
     CachedDocumentEmbedder,
@@ -81,6 +82,7 @@ class Router:
         self.calibration = calibration  # how ``gate`` was set, when known
         self.embeddings_cached = embeddings_cached  # tool vectors read from the disk cache?
 
+    @on_mlx_thread  # shareable between threads: its MLX work runs on the one MLX thread
     def route(self, query: str, *, on_stage: Callable[[str], None] | None = None) -> RouteDecision:
         """Route ``query``; ``on_stage`` (e.g. a progress bar) hears each stage as it starts."""
         if not isinstance(query, str) or not query.strip():

@@ -12,12 +12,15 @@ optional ``server`` namespace. Construction validates every field and raises
 - ``input_schema`` and ``annotations`` must be JSON data (str keys, finite numbers, no cycles),
   nested at most :data:`MAX_JSON_DEPTH` levels with at most :data:`MAX_JSON_NODES` values; the
   schema's ``properties`` (if any) maps names to schemas (objects or booleans) and its
-  ``required`` (if any) is a list of strings. Other keywords are kept as they are, unchecked.
+  ``required`` (if any) is a list of strings;
+- ``input_schema`` is valid JSON Schema: it passes the meta-schema of the draft its ``$schema``
+  declares (2020-12 when it declares none) and every ``$ref`` resolves inside it
+  (:mod:`~nexus_mlx.tools.schema_check`); the error gives the JSON pointer of the offending part.
 
 The stored schema and annotations are private deep copies (a JSON round trip); treat them as
 read-only. Equality compares all fields; hashing uses :attr:`Tool.canonical`.
 
-This module does not resolve ``$ref``s, validate arguments against the schema, render signatures
+This module does not validate arguments against the schema, render signatures
 (``routing.ir``) or know about registries, files and servers (``agent.registry``,
 ``agent.mcp_server``).
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mlx.errors import ToolError
+from nexus_mlx.tools.schema_check import schema_problem_cached
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}")
@@ -182,6 +186,9 @@ class Tool:
             )
         schema, schema_text = _json_copy(self.input_schema, f"tool {self.name!r}: input_schema")
         _check_schema(self.name, schema)
+        problem = schema_problem_cached(schema_text)
+        if problem is not None:
+            raise ToolError(f"tool {self.name!r}: {problem}")
         annotations, notes_text = _json_copy(
             dict(self.annotations), f"tool {self.name!r}: annotations"
         )
