@@ -6,6 +6,8 @@ Stated bound: over the remaining 900 turns RSS may grow by at most 64 MiB in tot
 least-squares slope of the samples must stay under 16 KiB per turn (a leak of one 2 KiB
 object per turn would take 1,000 turns to show up as 2 MiB; a leaked KV cache of the 135M model
 is ~1 MiB per turn and fails both). ``NEXUS_SOAK_TURNS`` shortens the run (at least 200).
+Measured on the 2-core Linux CPU: 2,124.0 MiB after 100 turns and after 1,000 (slope 0.03
+KiB/turn), 29 minutes in all.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def test_agent_turns_do_not_grow_memory(default_model, github_tools_file):
         if turn + 1 >= WARMUP and (turn + 1) % EVERY == 0:
             gc.collect()
             samples.append((turn + 1, _rss()))
+            if (turn + 1) % 100 == 0:
+                print(f"turn {turn + 1}: RSS {samples[-1][1] / 2**20:.1f} MiB", flush=True)
     x = np.array([t for t, _ in samples], dtype=np.float64)
     y = np.array([r for _, r in samples], dtype=np.float64)
     growth = y[-1] - y[0]
