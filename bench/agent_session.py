@@ -41,6 +41,7 @@ from tasks.trajectories import EDIT_CLASSES, make_trajectories
 
 from nexus_mlx import forward, load, make_cache
 from nexus_mlx.agent.alignment import common_prefix
+from nexus_mlx.agent.loop import openai_tool
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import PREFILL_CHUNK, Session
 from nexus_mlx.decode.call_format import parse_tool_calls
@@ -90,9 +91,7 @@ def live_tools(workdir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]
     for spec in specs:
         with McpServer(spec) as server:
             for tool in server.list_tools():
-                tools.append({"type": "function", "function": {
-                    "name": tool.qualified_name, "description": tool.description,
-                    "parameters": dict(tool.input_schema)}})
+                tools.append(openai_tool(tool))
                 for arguments in calls.get(tool.qualified_name, []):
                     answer = server.call_tool(tool.qualified_name, arguments, timeout=30)
                     results.setdefault(tool.qualified_name, []).append(answer.text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from cache_oracle import live_snapshot, max_diff
 from tiny_models import VOCAB, tiny_model
 
 import nexus_mlx.agent.session as session_module
@@ -22,18 +23,6 @@ HISTORY = RNG.integers(0, VOCAB, 180)
 
 def _fresh_logits(model, ids) -> np.ndarray:
     return np.array(forward(model, ids, make_cache(model), logits="last")[0, -1])
-
-
-def _max_diff(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-
-
-def _state(s: Session) -> list[bytes]:
-    c = s.cache
-    parts = [c.tokens[: c.n_past].tobytes(), c.positions[: c.n_past].tobytes()]
-    for layer in range(c.num_layers):
-        parts += [np.array(c.keys(layer)).tobytes(), np.array(c.values(layer)).tobytes()]
-    return parts
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +50,7 @@ def test_exact_paths_equal_a_fresh_prefill(model, name, first, second, policy, b
     report = s.step_ids(second)
     assert np.array_equal(s.tokens, second)
     assert np.array_equal(s.cache.positions[: s.cache.n_past], np.arange(len(second)))
-    assert _max_diff(s.next_token_logits(), _fresh_logits(model, second)) <= TOL
+    assert max_diff(s.next_token_logits(), _fresh_logits(model, second)) <= TOL
     if name == "append":
         assert (report.path, report.reused, report.computed) == ("append", 120, 60)
     elif name == "truncate":
@@ -87,27 +76,27 @@ def test_budgeted_repair_moves_keys_exactly_and_recomputes_its_budget(model):
     for layer in range(2):  # the prefix is untouched, bit for bit
         assert np.array_equal(np.array(s.cache.keys(layer)[:, :, :40]), before[layer])
     # layer-0 keys depend only on token and position: re-anchoring must reproduce them
-    assert _max_diff(s.cache.keys(0), fresh.keys(0)) <= TOL
+    assert max_diff(s.cache.keys(0), fresh.keys(0)) <= TOL
     # deeper rows of the block that were not recomputed keep the deleted span's influence
-    assert _max_diff(s.cache.keys(1)[:, :, 40:150], fresh.keys(1)[:, :, 40:150]) > 1e-3
-    assert _max_diff(s.cache.keys(1)[:, :, 150:], fresh.keys(1)[:, :, 150:]) <= TOL  # the tail
+    assert max_diff(s.cache.keys(1)[:, :, 40:150], fresh.keys(1)[:, :, 40:150]) > 1e-3
+    assert max_diff(s.cache.keys(1)[:, :, 150:], fresh.keys(1)[:, :, 150:]) <= TOL  # the tail
 
 
 def test_rejected_requests_leave_the_session_unchanged(model):
     s = Session(model, None, allocator="dense_tokens")
     s.step_ids(HISTORY[:50])
-    state = _state(s)
+    state = live_snapshot(s.cache)
     for bad in ([], [VOCAB], [-1], np.zeros(5000, np.int64)):
         with pytest.raises(ArgumentError):
             s.step_ids(bad)
-        assert _state(s) == state
+        assert live_snapshot(s.cache) == state
 
 
 def test_a_failure_inside_the_repair_restores_every_row(model, monkeypatch):
     h = HISTORY.tolist()
     s = Session(model, None, allocator="dense_tokens", min_reuse=16)
     s.step_ids(h)
-    state = _state(s)
+    state = live_snapshot(s.cache)
     real = session_module.forward
     calls = {"n": 0}
 
@@ -120,10 +109,10 @@ def test_a_failure_inside_the_repair_restores_every_row(model, monkeypatch):
     monkeypatch.setattr(session_module, "forward", failing)
     with pytest.raises(RuntimeError, match="injected"):
         s.step_ids(h[:40] + [1, 2, 3] + h[60:])
-    assert _state(s) == state
+    assert live_snapshot(s.cache) == state
     monkeypatch.setattr(session_module, "forward", real)
     s.step_ids(h + [1])  # still usable: an append
-    assert _max_diff(s.next_token_logits(), _fresh_logits(model, h + [1])) <= TOL
+    assert max_diff(s.next_token_logits(), _fresh_logits(model, h + [1])) <= TOL
 
 
 def test_bad_settings_are_rejected(model):
@@ -233,10 +222,10 @@ def test_a_saved_session_continues_exactly_and_refuses_other_models(model, tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]  # no partial file left
     back = load_session(model, None, path)
     assert (back.budget, back.allocator) == (10.0, "dense_tokens")
-    assert _state(back) == _state(s)
-    assert _max_diff(back.next_token_logits(), s.next_token_logits()) == 0.0
+    assert live_snapshot(back.cache) == live_snapshot(s.cache)
+    assert max_diff(back.next_token_logits(), s.next_token_logits()) == 0.0
     assert back.step_ids(h).path == "append"
-    assert _max_diff(back.next_token_logits(), _fresh_logits(model, h)) <= TOL
+    assert max_diff(back.next_token_logits(), _fresh_logits(model, h)) <= TOL
     with pytest.raises(ModelMismatchError, match="model"):
         load_session(tiny_model("llama-untied"), None, path)
     (tmp_path / "bad.safetensors").write_bytes(path.read_bytes()[:200])

@@ -27,7 +27,7 @@ from typing import Any
 import mlx.nn as nn
 
 from nexus_mlx._platform.mlx_thread import on_mlx_thread
-from nexus_mlx.agent.loop import AgentRun, run_agent
+from nexus_mlx.agent.loop import AgentRun, run_agent, server_for
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
@@ -114,8 +114,7 @@ class Agent:
 
     def server_for(self, name: str) -> McpServer:
         """The live server owning tool ``name`` (``namespace.tool`` or a plain name)."""
-        namespace = name.split(".", 1)[0] if "." in name else ""
-        server = self.servers.get(namespace)
+        server = server_for(self.servers, name)
         if server is None:
             raise ToolError(f"no running MCP server owns tool {name!r}; servers: {sorted(self.servers)}")
         return server

@@ -59,6 +59,7 @@ from nexus_mlx.decode.call_format import (
     textual_messages,
     turn_constraint,
 )
+from nexus_mlx.decode.generate import greedy
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION
@@ -66,7 +67,7 @@ from nexus_mlx.kv.regather import regather, restore, snapshot
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.tokenizer import chat_ids
+from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens
 from nexus_mlx.refresh.edit import Edit
@@ -109,10 +110,6 @@ class Reply:
     call_errors: list[str] = field(default_factory=list)  # calls that did not parse
 
 
-def _greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)
-
-
 class Session:
     """One conversation's live cache; see the module docstring."""
 
@@ -133,8 +130,6 @@ class Session:
             raise ArgumentError(f"allocator {allocator!r} cannot repair a session; use one of "
                                 f"{SESSION_ALLOCATORS}")
         budget_tokens(1, budget)  # validates the percentage (bools rejected there)
-        if isinstance(budget, bool):
-            raise ArgumentError(f"budget must be a percentage, got {budget!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
@@ -143,7 +138,7 @@ class Session:
         self.cache = make_cache(model)
         self.lock = threading.RLock()
         self._last_logits: mx.array | None = None  # (V,) after the last cached token
-        self.eos_token_ids = _eos_ids(tokenizer)
+        self.eos_token_ids = set(eos_token_ids(tokenizer))
         self.native_tools = renders_tools(tokenizer)
 
     # ---- state --------------------------------------------------------------------------
@@ -239,11 +234,14 @@ class Session:
                           int(plan.old_length - kept - spliced), stages)
 
     # ---- cache operations ---------------------------------------------------------------
-    def _prefill(self, ids: np.ndarray) -> None:
-        """Append ``ids`` in chunks of :data:`PREFILL_CHUNK` (bounded attention memory)."""
+    def _prefill(self, ids: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Compute ``ids`` into ``rows`` at those positions (default: appended), in chunks of
+        :data:`PREFILL_CHUNK` (bounded attention memory); keeps the last token's logits."""
+        rows = np.arange(self.cache.n_past, self.cache.n_past + ids.size) if rows is None else rows
         for start in range(0, ids.size, PREFILL_CHUNK):
-            logits = forward(self.model, ids[start:start + PREFILL_CHUNK], self.cache,
-                             logits="last")
+            chunk = slice(start, start + PREFILL_CHUNK)
+            logits = forward(self.model, ids[chunk], self.cache, positions=rows[chunk],
+                             rows=rows[chunk], logits="last")
             self.cache.evaluate()
         self._last_logits = logits[0, -1]
         mx.eval(self._last_logits)
@@ -267,7 +265,7 @@ class Session:
             timings["move"] = time.perf_counter() - t0
             if j > p:
                 t0 = time.perf_counter()
-                self._write(new[p:j], np.arange(p, j))
+                self._prefill(new[p:j], np.arange(p, j))  # into the blank rows
                 timings["prefill_inserted"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             rows = self._choose_rows(j, length, new, tail)
@@ -283,14 +281,6 @@ class Session:
         return self._report("repair", reason, plan, new,
                             computed=int(plan.inserted + tail.size), start=start,
                             spliced=length, repaired=int(rows.size), timings=timings)
-
-    def _write(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Compute ``ids`` into the blank ``rows`` (their positions), in chunks."""
-        for s in range(0, ids.size, PREFILL_CHUNK):
-            chunk = slice(s, s + PREFILL_CHUNK)
-            forward(self.model, ids[chunk], self.cache, positions=rows[chunk], rows=rows[chunk],
-                    logits="last")
-            self.cache.evaluate()
 
     def _choose_rows(self, j: int, length: int, new: np.ndarray, tail: np.ndarray) -> np.ndarray:
         """Rows of the spliced block to recompute: the allocator's budget, plus the block's last
@@ -365,7 +355,7 @@ class Session:
         with self.lock:
             start = time.perf_counter()
             report = self.step(messages, tools)
-            out, finish, ttft = self._decode(constraint, max_tokens, tuple(stop), sampler or _greedy,
+            out, finish, ttft = self._decode(constraint, max_tokens, tuple(stop), sampler or greedy,
                                              on_token, start)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
@@ -421,11 +411,3 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if ids:
-        return {int(i) for i in ids}
-    single = getattr(tokenizer, "eos_token_id", None)
-    return set() if single is None else {int(single)}

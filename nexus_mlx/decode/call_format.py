@@ -31,11 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 import numpy as np
 
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.placeholders import schema_errors
 from nexus_mlx.errors import ArgumentError, ToolError
 
 CALL_OPEN = "<tool_call>"
@@ -131,25 +131,12 @@ def checked_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]]) -> Parse
         if call.name not in schemas:
             errors.append(f"{call.name!r} is not an offered tool")
             continue
-        problem = jsonschema_problem(call.arguments, schemas[call.name])
-        if problem:
-            errors.append(f"{call.name}: {problem}")
+        problems = schema_errors(call.arguments, schemas[call.name])
+        if problems:
+            errors.append(f"{call.name}: arguments at {problems[0]}")
         else:
             good.append(call)
     return ParsedTurn(turn.content, good, errors)
-
-
-def jsonschema_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
-    """The first validation error of ``value`` against ``schema``, or None."""
-    try:
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    except jsonschema.SchemaError as exc:
-        return f"invalid schema: {exc.message}"
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "<root>"
-    return f"arguments at {where}: {error.message}"
 
 
 def tools_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:

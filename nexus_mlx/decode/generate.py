@@ -25,7 +25,7 @@ import mlx.nn as nn
 
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.tokenizer import chat_ids
+from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -122,14 +122,6 @@ def greedy_continuation(
                                 max_tokens=max_tokens, eos_token_ids=eos_token_ids))
 
 
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if ids:
-        return set(ids)
-    single = getattr(tokenizer, "eos_token_id", None)
-    return {single} if single is not None else set()
-
-
 def generate(
     model: nn.Module,
     tokenizer: Any,
@@ -144,7 +136,7 @@ def generate(
     tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     cache = cache if cache is not None else make_cache(model)
     stats = GenerationStats()
-    eos = _eos_ids(tokenizer)
+    eos = set(eos_token_ids(tokenizer))
     out = list(
         generate_tokens(
             model, tokens, cache, max_tokens=max_tokens, eos_token_ids=eos, sampler=sampler,

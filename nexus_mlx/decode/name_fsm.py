@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.errors import TokenError, ToolError
-from nexus_mlx.models.tokenizer import SPM_SPACE, gpt2_unicode_to_byte
+from nexus_mlx.models.tokenizer import SPM_SPACE, eos_token_ids, gpt2_unicode_to_byte
 
 
 def backend_tokenizer(tokenizer: Any) -> Any:
@@ -68,14 +68,6 @@ def _piece_bytes(piece: str, byte_level: bool) -> bytes:
         except ValueError:
             pass
     return piece.replace(SPM_SPACE, " ").encode("utf-8")
-
-
-def _eos_ids(tokenizer: Any) -> tuple[int, ...]:
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if ids:
-        return tuple(sorted(int(i) for i in ids))
-    single = getattr(tokenizer, "eos_token_id", None)
-    return () if single is None else (int(single),)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +108,7 @@ class TokenVocab:
             b"" if (i in special or p is None) else _piece_bytes(p, byte_level)
             for i, p in enumerate(pieces)
         )
-        return cls(data, special, _eos_ids(tokenizer))
+        return cls(data, special, eos_token_ids(tokenizer))
 
 
 _VOCABS: weakref.WeakKeyDictionary[Any, TokenVocab] = weakref.WeakKeyDictionary()

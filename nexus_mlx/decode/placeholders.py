@@ -168,17 +168,22 @@ def find_placeholders(value: Any, schema: Any = None, names: Iterable[str] = ())
     return [p for p, s, k in _string_values(value) if policy.is_placeholder(s, k)]
 
 
-def check_arguments(value: Any, schema: Any, names: Iterable[str] = ()) -> list[str]:
-    """Problems with a finished value: ``jsonschema`` errors and placeholder paths (empty: fine)."""
-    problems = []
+def schema_errors(value: Any, schema: Any) -> list[str]:
+    """``jsonschema`` errors of ``value`` against ``schema``, as ``"/path: message"`` (empty:
+    valid); a schema that cannot be evaluated is one error."""
     validator = jsonschema.validators.validator_for(schema)(schema)
     try:
         errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
-    except referencing.exceptions.Unresolvable as exc:  # an unresolvable $ref
+    except (referencing.exceptions.Unresolvable, jsonschema.SchemaError) as exc:
         return [f"/: schema cannot be evaluated: {exc}"]
-    for error in errors:
-        where = "/" + "/".join(str(p) for p in error.path)
-        problems.append(f"{where}: {error.message}")
+    return [f"/{'/'.join(str(p) for p in error.path)}: {error.message}" for error in errors]
+
+
+def check_arguments(value: Any, schema: Any, names: Iterable[str] = ()) -> list[str]:
+    """Problems with a finished value: ``jsonschema`` errors and placeholder paths (empty: fine)."""
+    problems = schema_errors(value, schema)
+    if problems and problems[0].startswith("/: schema cannot be evaluated"):
+        return problems
     problems.extend(f"{p}: placeholder text" for p in find_placeholders(value, schema, names))
     return problems
 

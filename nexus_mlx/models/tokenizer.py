@@ -304,3 +304,13 @@ def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]] | str) -> lis
     if isinstance(prompt, Mapping):  # some tokenizers return a BatchEncoding
         prompt = prompt["input_ids"]
     return list(prompt)
+
+
+def eos_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's end-of-sequence ids, sorted: ``eos_token_ids`` when it has several (GGUF
+    tokenizers, mlx-lm's wrapper), else ``eos_token_id``; empty when it names none."""
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids:
+        return tuple(sorted(int(i) for i in ids))
+    single = getattr(tokenizer, "eos_token_id", None)
+    return () if single is None else (int(single),)
