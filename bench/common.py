@@ -8,7 +8,10 @@ result protocol: ``emit`` writes ``results/<name>.json`` (``results/quick/`` wit
 prints the same object as one JSON line, the script's last stdout line. ``shared_data(...)`` is
 the one spelling of the shared data folder (``../shared/data`` beside the repository), and
 ``paper_reference()`` reads ``bench/paper_reference.json``, the one copy of the papers' numbers
-(JSON only: the report reads it without loading a model).
+(JSON only: the report reads it without loading a model). ``add_model_argument`` gives a script
+the ``--model`` flag (any ``nexus_mlx.load`` spec) and ``model_record(spec, model)`` is what its
+result says about the model it ran (``"model"``: one line for the report; ``"model_info"``:
+spec, file, architecture, layers, compute dtype, weights digest).
 
 It does not know what is being benchmarked; ``time_ms`` only calls ``fn``, which must force its own
 outputs (``mx.eval``) so lazy MLX work is inside the timed region.
@@ -157,6 +160,33 @@ def emit(name: str, payload: dict[str, object], quick: bool) -> dict[str, object
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result), flush=True)
     return result
+
+
+def add_model_argument(parser: argparse.ArgumentParser, default: str = "default") -> None:
+    """``--model SPEC``: a ``nexus_mlx.load`` spec (alias, ``.gguf`` file or model directory)."""
+    parser.add_argument("--model", default=default,
+                        help="model to run: an alias (default = SmolLM2-135M-Instruct, "
+                             "qwen2.5-coder-0.5b, gemma3-270m), a .gguf file or a model directory")
+
+
+def model_record(spec: str, model: Any) -> dict[str, object]:
+    """``{"model": one-line label, "model_info": {...}}`` for a result payload (``**`` it in)."""
+    from mlx.utils import tree_flatten
+
+    import mlx.core as mx
+    from nexus_mlx.models.fingerprint import model_fingerprint
+    from nexus_mlx.models.packages import resolve_package_spec
+
+    path = resolve_package_spec(spec)
+    file = (path if path is not None else Path(spec)).name
+    fingerprint = model_fingerprint(model)
+    dtype = next((str(v.dtype).removeprefix("mlx.core.") for _, v in
+                  tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)), None)
+    info = {"spec": spec, "file": file, "architecture": fingerprint.architecture,
+            "num_layers": fingerprint.num_layers, "dtype": dtype,
+            "weights_digest": fingerprint.weights_digest[:16]}
+    label = f"{spec} ({file}, {fingerprint.architecture}, {fingerprint.num_layers} layers, {dtype})"
+    return {"model": label, "model_info": info}
 
 
 def arg_parser(description: str) -> argparse.ArgumentParser:

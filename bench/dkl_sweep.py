@@ -1,6 +1,8 @@
 """Bare-splice fidelity against the re-anchoring offset (paper 1, the bare-splice KL sweep).
 
-Contract: ``python bench/dkl_sweep.py [--quick]``. Ten GitHub MCP tool schemas are compiled once
+Contract: ``python bench/dkl_sweep.py [--quick] [--model M] [--tag T]`` (``M``: any
+``nexus_mlx.load`` spec, default SmolLM2; the result records the model run and goes to
+``results/dkl_sweep[_<tag>].json``). Ten GitHub MCP tool schemas are compiled once
 into blocks at anchor 0 with no context. For every offset in {0, 16, 64, 128, 256, 512, 1024,
 2048}, a live on-topic context (system prompt + GitHub conversation, deterministic) of exactly
 ``offset`` tokens is prefilled; then, per tool, a fork of it receives the block by a bare splice
@@ -18,7 +20,14 @@ JSON ``{"rows": [{"offset", "kl_median", "kl_ci", "top1", "kl_mean", "kl_max", "
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, paper_reference  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paper_reference,
+)
 
 from typing import Any
 
@@ -83,7 +92,7 @@ def sweep_offset(model, tokenizer, blocks, queries, offset: int) -> dict[str, An
     }
 
 
-def draw(rows: list[dict[str, Any]], quick: bool) -> None:
+def draw(rows: list[dict[str, Any]], name: str, quick: bool) -> None:
     fig, (ax_kl, ax_top) = plots.figure(2)
     offsets = [r["offset"] for r in rows]
     meds = [r["kl_median"] for r in rows]
@@ -105,14 +114,17 @@ def draw(rows: list[dict[str, Any]], quick: bool) -> None:
     ax_top.set_xlabel("splice offset from the block's anchor (tokens)")
     ax_top.set_ylabel("top-1 agreement with the prefill")
     ax_top.set_title("Top-1 agreement")
-    plots.save(fig, NAME, quick)
+    plots.save(fig, name, quick)
 
 
 def main() -> dict[str, object]:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
     offsets = QUICK_OFFSETS if args.quick else OFFSETS
     names = QUICK_TOOLS if args.quick else list(REQUESTS)
-    model, tokenizer = load("default")
+    model, tokenizer = load(args.model)
     tools = load_tools()
     blocks = {n: compile_block(model, tokenizer, schema_text(tools[n]), anchor=0) for n in names}
     queries = {n: query_ids(tokenizer, REQUESTS[n]) for n in names}
@@ -122,9 +134,10 @@ def main() -> dict[str, object]:
         r = rows[-1]
         print(f"offset {offset:5d}: KL median {r['kl_median']:.4f} "
               f"[{r['kl_ci'][0]:.4f}, {r['kl_ci'][1]:.4f}] top-1 {r['top1']:.2f}", flush=True)
-    draw(rows, args.quick)
-    return emit(NAME, {
-        "model": "default (SmolLM2-135M-Instruct, float32)",
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    draw(rows, name, args.quick)
+    return emit(name, {
+        **model_record(args.model, model),
         "blocks": {n: {"tokens": b.num_tokens, "anchor": b.m0} for n, b in blocks.items()},
         "queries": len(names), "context": "on-topic: system prompt + GitHub conversation",
         "metric": "KL(p_prefill || p_splice), nats, next token after the request",

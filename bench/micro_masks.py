@@ -1,7 +1,8 @@
 """Per-token logit-mask overhead: the tool-name trie FSM and llguidance JSON masks, real vocabulary.
 
 Setup: the default model's tokenizer (49,152 tokens, rebuilt from its GGUF metadata; no weights
-are loaded), the 117 GitHub MCP tool names and their input schemas. Correctness first: every name
+are loaded; ``--model`` names another packaged alias or ``.gguf`` file, e.g. ``qwen2.5-coder-0.5b``
+with 151,936 tokens, and ``--tag`` the result's suffix; ``model`` records which), the 117 GitHub MCP tool names and their input schemas. Correctness first: every name
 walks to completion in its canonical tokenization, and one seeded random walk per schema gives
 JSON that validates. Then, per masked decode step (microseconds; medians with bootstrap CIs):
 
@@ -19,11 +20,12 @@ hi]}, "loadavg"}. The machine's load is recorded because other jobs share its tw
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, shared_data  # first: loads nexus_mlx + fast BLAS
+from common import add_model_argument, arg_parser, emit, median_ci, shared_data  # first: loads nexus_mlx + fast BLAS
 
 import os
 import random
 import time
+from pathlib import Path
 
 import llguidance
 import llguidance.numpy
@@ -62,8 +64,13 @@ def _walk(constraint: JsonConstraint, rng: random.Random, free: int) -> list[int
 
 
 def main() -> dict[str, object]:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
-    path = resolve_package_spec("default")
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    path = resolve_package_spec(args.model) or Path(args.model)
+    if path.suffix.lower() != ".gguf":
+        raise SystemExit(f"--model must be a packaged alias or a .gguf file, got {args.model!r}")
     tokenizer = build_tokenizer(parse_gguf(path).metadata, path)
     vocab = vocab_of(tokenizer)
     ll_tok = ll_tokenizer(tokenizer)
@@ -134,7 +141,9 @@ def main() -> dict[str, object]:
                     assert constraint.accept_token(token)
 
     summary = {k: [round(x, 2) for x in median_ci(v)] for k, v in us.items()}
+    name = NAME + (f"_{args.tag}" if args.tag else "")
     payload: dict[str, object] = {
+        "model": f"{args.model} ({path.name}, tokenizer only)",
         "vocab": vocab.size, "names": len(names), "schemas": len(walks),
         "steps": {k: len(v) for k, v in us.items()}, "us": summary,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
@@ -149,10 +158,10 @@ def main() -> dict[str, object]:
         ax.set_xscale("log")
         ax.set_xlabel("microseconds per masked token (median, 95% CI)")
         ax.set_title(f"mask overhead, vocab {vocab.size}")
-        plots.save(fig, NAME, args.quick)
+        plots.save(fig, name, args.quick)
     except ImportError as exc:  # matplotlib or bench/plots.py missing: JSON only
         payload["png"] = f"skipped: {exc}"
-    return emit(NAME, payload, args.quick)
+    return emit(name, payload, args.quick)
 
 
 if __name__ == "__main__":
