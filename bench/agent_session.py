@@ -16,7 +16,10 @@ rotates):
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
-as a server keeps them). Fidelity against re-prefill: first-token KL, first 16 greedy tokens
+as a server keeps them). After its reply a session arm heals its stale rows
+(:meth:`~nexus_mlx.agent.session.Session.heal`), as the server does while a session is idle:
+that time is off the critical path and reported apart (``heal_ms``), not in TTFT;
+``--no-idle-heal`` keeps the stale rows instead (they then heal by ``budget`` percent a step). Fidelity against re-prefill: first-token KL, first 16 greedy tokens
 identical, tool calls in the decoded text identical (both none counts as identical).
 JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
 "calls_identical", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
@@ -25,9 +28,16 @@ JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
 
 from __future__ import annotations
 
-from common import arg_parser, emit, shared_data  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    model_record,
+    shared_data,
+)
 
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -43,7 +53,8 @@ from nexus_mlx import forward, load, make_cache
 from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.loop import openai_tool
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
-from nexus_mlx.agent.session import PREFILL_CHUNK, Session
+from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
+from nexus_mlx.agent.session import Session
 from nexus_mlx.decode.call_format import parse_tool_calls
 from nexus_mlx.metrics import next_token_kl
 
@@ -159,14 +170,19 @@ class SessionArm:
 
     def step(self, ids: np.ndarray) -> tuple[mx.array, int, str]:
         report = self.session.step_ids(ids)
+        self.last = {"reason": report.reason, "repaired": report.repaired,
+                     "stale": report.stale, "timings": report.timings}
         return (self.session.next_token_logits(), report.computed + report.repaired,
                 report.path)
 
     def decode(self, token: int) -> mx.array:
-        out = forward(self.session.model, [token], self.session.cache, logits="last")[0, -1]
-        mx.eval(out)
-        self.session._last_logits = out
-        return out
+        return self.session.advance(token)
+
+    def idle(self) -> dict[str, Any]:
+        """Heal every stale row, as a server does between requests (off the critical path)."""
+        start = time.perf_counter()
+        healed = self.session.heal()
+        return {"heal_ms": (time.perf_counter() - start) * 1e3, "healed": healed}
 
 
 def make_arms(model: Any, tokenizer: Any) -> dict[str, Any]:
@@ -176,7 +192,8 @@ def make_arms(model: Any, tokenizer: Any) -> dict[str, Any]:
             "repair-5": SessionArm(Session(model, tokenizer, budget=5.0))}
 
 
-def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int]) -> dict[str, Any]:
+def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bool
+            ) -> dict[str, Any]:
     start = time.perf_counter()
     logits, computed, path = arm.step(ids)
     ttft = (time.perf_counter() - start) * 1e3
@@ -188,8 +205,9 @@ def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int]) -> dict[str, 
         if token in eos:
             break
         logits = arm.decode(token)
+    idle = arm.idle() if idle_heal and hasattr(arm, "idle") else {}
     return {"ttft_ms": ttft, "computed": computed, "path": path, "tokens": tokens,
-            "first_logits": first}
+            "first_logits": first, **getattr(arm, "last", {}), **idle}
 
 
 # ---------------------------------------------------------------------------- summary
@@ -211,6 +229,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
                 "calls_identical": float(np.mean([r["arms"][arm]["calls_identical"] for r in rows])),
                 "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),
                 "computed": float(np.mean([r["arms"][arm]["computed"] for r in rows])),
+                "heal_ms": float(np.mean([r["arms"][arm].get("heal_ms", 0.0) for r in rows])),
                 "n": len(rows)}
     return out
 
@@ -236,21 +255,26 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
 
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--model", default="default")
+    add_model_argument(parser)
     parser.add_argument("--n", type=int, default=20, help="trajectories")
     parser.add_argument("--requests", type=int, default=8, help="requests per trajectory")
-    parser.add_argument("--tools", type=int, default=6, help="tools offered per trajectory")
+    parser.add_argument("--tools", default="3,6,12,20",
+                        help="tools offered per trajectory, cycled (sets the depths)")
     parser.add_argument("--decode", type=int, default=24, help="greedy tokens per request")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--no-idle-heal", action="store_true",
+                        help="keep stale rows between requests (no healing while idle)")
     args = parser.parse_args()
     if args.quick:
-        args.n, args.requests, args.tools, args.decode = 1, 6, 3, 16
+        args.n, args.requests, args.tools, args.decode = 1, 6, "3", 16
+    tool_counts = [int(x) for x in str(args.tools).split(",")]
     model, tokenizer = load(args.model)
     with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
         live, results = live_tools(Path(tmp))
     pool = live + github_tools(None if not args.quick else 12)
-    trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed, args.tools)
+    trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed,
+                                     tool_counts)
     render = Session(model, tokenizer)
     eos = set(render.eos_token_ids)
     records = []
@@ -259,14 +283,19 @@ def main() -> None:
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
             order = ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]
-            runs = {name: run_arm(arms[name], ids, args.decode, eos) for name in order}
+            runs = {name: run_arm(arms[name], ids, args.decode, eos, not args.no_idle_heal)
+                    for name in order}
             ref = runs["reprefill"]
             ref_calls = parse_tool_calls(tokenizer.decode(ref["tokens"])).calls
             row = {"trajectory": trajectory.index, "request": r, "edit": request.edit,
-                   "detail": request.detail, "depth": int(ids.size), "arms": {}}
+                   "detail": request.detail, "depth": int(ids.size),
+                   "load": os.getloadavg()[0], "arms": {}}
             for name, run in runs.items():
                 calls = parse_tool_calls(tokenizer.decode(run["tokens"])).calls
+                extra = {k: run[k] for k in ("reason", "repaired", "stale", "timings", "heal_ms",
+                                             "healed") if k in run}
                 row["arms"][name] = {
+                    **extra,
                     "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
                     "kl": next_token_kl(ref["first_logits"], run["first_logits"]),
                     "agree16": run["tokens"][:16] == ref["tokens"][:16],
@@ -277,8 +306,9 @@ def main() -> None:
     first = [r for r in records if r["request"] > 0]
     summary = summarize(first)
     name = "agent_session" + (f"_{args.tag}" if args.tag else "")
-    emit(name, {"model": args.model, "n_trajectories": args.n, "requests": args.requests,
-                "tools_per_trajectory": args.tools, "decode_tokens": args.decode,
+    emit(name, {**model_record(args.model, model), "n_trajectories": args.n, "requests": args.requests,
+                "tools_per_trajectory": tool_counts,
+                "idle_heal": not args.no_idle_heal, "decode_tokens": args.decode,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)

@@ -10,7 +10,7 @@ import pytest
 from cache_oracle import live_snapshot, max_diff
 from tiny_models import VOCAB, tiny_model
 
-import nexus_mlx.agent.session as session_module
+import nexus_mlx.agent.cache_editor as editor_module
 from nexus_mlx.agent.session import Session
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
@@ -39,6 +39,8 @@ def _edits():
         ("insert", h, h[:40] + [1, 2, 3, 4, 5] + h[40:]),
         ("replace", h, h[:40] + [9, 9] + h[60:] + [3, 4]),
         ("truncate", h, h[:100]),
+        ("shuffle", h, h[:20] + h[100:150] + h[20:100] + h[150:] + [7]),
+        ("two edits", h, h[:20] + [3, 3] + h[20:90] + h[95:] + [4]),
     ]
 
 
@@ -60,26 +62,36 @@ def test_exact_paths_equal_a_fresh_prefill(model, name, first, second, policy, b
     else:
         assert report.path == "repair" and report.spliced > 0 and report.repaired == report.spliced
     assert report.reused + report.spliced + report.computed == len(second)
+    assert s.stale_rows == 0 and report.stale == 0
 
 
-def test_budgeted_repair_moves_keys_exactly_and_recomputes_its_budget(model):
+def test_a_moved_span_is_reused_in_its_own_run(model):
     h = HISTORY.tolist()
-    second = h[:40] + h[70:] + [5, 6, 7]
     s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16)
     s.step_ids(h)
-    before = [np.array(s.cache.keys(layer)[:, :, :40]) for layer in range(2)]
-    report = s.step_ids(second)
-    assert (report.path, report.reused, report.spliced, report.computed) == ("repair", 40, 110, 3)
-    assert report.repaired == 6  # ceil(5% of 110)
-    fresh = make_cache(model)
-    forward(model, second, fresh)
-    for layer in range(2):  # the prefix is untouched, bit for bit
-        assert np.array_equal(np.array(s.cache.keys(layer)[:, :, :40]), before[layer])
-    # layer-0 keys depend only on token and position: re-anchoring must reproduce them
-    assert max_diff(s.cache.keys(0), fresh.keys(0)) <= TOL
-    # deeper rows of the block that were not recomputed keep the deleted span's influence
-    assert max_diff(s.cache.keys(1)[:, :, 40:150], fresh.keys(1)[:, :, 40:150]) > 1e-3
-    assert max_diff(s.cache.keys(1)[:, :, 150:], fresh.keys(1)[:, :, 150:]) <= TOL  # the tail
+    report = s.step_ids(h[:20] + h[100:150] + h[20:100] + h[150:] + [7])
+    assert report.path == "repair" and "3 runs" in report.reason
+    assert (report.reused, report.spliced, report.computed) == (20, 160, 1)
+    assert report.repaired == 8  # ceil(5% of 160) recomputed
+    # every row from the first one not recomputed on differs from a fresh prefill
+    assert report.stale == s.stale_rows and 159 <= report.stale <= 161
+    assert np.array_equal(s.tokens[:70], h[:20] + h[100:150])
+
+
+def test_later_steps_recompute_their_budget_of_stale_rows(model):
+    h = HISTORY.tolist()
+    s = Session(model, None, budget=20.0, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(h)
+    s.step_ids(h[:40] + h[70:])
+    assert s.stale_rows == 110  # the moved rows, from row 40 to the end
+    report = s.step_ids(h[:40] + h[70:] + [1, 2, 3])
+    assert report.path == "append" and report.computed == 3
+    assert report.repaired == 22  # ceil(20% of 110), chosen for the new tokens
+    assert report.stale == s.stale_rows >= 110  # the new rows sit on stale ones too
+    exact = Session(model, None, policy="exact", min_reuse=16)
+    exact.step_ids(h)
+    exact.step_ids(h[:40] + h[70:])
+    assert exact.stale_rows == 0 and exact.step_ids(h[:40] + h[70:] + [1]).repaired == 0
 
 
 def test_rejected_requests_leave_the_session_unchanged(model):
@@ -97,20 +109,21 @@ def test_a_failure_inside_the_repair_restores_every_row(model, monkeypatch):
     s = Session(model, None, allocator="dense_tokens", min_reuse=16)
     s.step_ids(h)
     state = live_snapshot(s.cache)
-    real = session_module.forward
+    real = editor_module.forward
     calls = {"n": 0}
 
     def failing(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 2:  # after the inserted tokens were written
+        if calls["n"] == 2:  # after the first chunk of the packed pass was written
             raise RuntimeError("injected failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(session_module, "forward", failing)
+    monkeypatch.setattr(editor_module, "forward", failing)
+    monkeypatch.setattr(editor_module, "PREFILL_CHUNK", 2)  # the packed pass in several calls
     with pytest.raises(RuntimeError, match="injected"):
         s.step_ids(h[:40] + [1, 2, 3] + h[60:])
     assert live_snapshot(s.cache) == state
-    monkeypatch.setattr(session_module, "forward", real)
+    monkeypatch.setattr(editor_module, "forward", real)
     s.step_ids(h + [1])  # still usable: an append
     assert max_diff(s.next_token_logits(), _fresh_logits(model, h + [1])) <= TOL
 
@@ -216,16 +229,21 @@ def test_a_saved_session_continues_exactly_and_refuses_other_models(model, tmp_p
     from nexus_mlx.errors import FormatError, ModelMismatchError
 
     h = HISTORY.tolist()
-    s = Session(model, None, allocator="dense_tokens", budget=10.0)
-    s.step_ids(h[:150])
+    s = Session(model, None, allocator="dense_tokens", budget=10.0, min_reuse=16)
+    s.step_ids(h[:160])
+    s.step_ids(h[:20] + h[30:150])  # a repair leaves stale rows: they are saved with the rows
+    assert s.stale_rows > 0
     path = save_session(s, tmp_path / "s.safetensors")
     assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]  # no partial file left
     back = load_session(model, None, path)
     assert (back.budget, back.allocator) == (10.0, "dense_tokens")
     assert live_snapshot(back.cache) == live_snapshot(s.cache)
+    assert back.stale_rows == s.stale_rows
     assert max_diff(back.next_token_logits(), s.next_token_logits()) == 0.0
-    assert back.step_ids(h).path == "append"
-    assert max_diff(back.next_token_logits(), _fresh_logits(model, h)) <= TOL
+    follow = h[:20] + h[30:150] + [1, 2]
+    assert back.step_ids(follow).path == s.step_ids(follow).path == "append"
+    assert max_diff(back.next_token_logits(), s.next_token_logits()) <= TOL
+    assert back.stale_rows == s.stale_rows
     with pytest.raises(ModelMismatchError, match="model"):
         load_session(tiny_model("llama-untied"), None, path)
     (tmp_path / "bad.safetensors").write_bytes(path.read_bytes()[:200])
@@ -233,3 +251,23 @@ def test_a_saved_session_continues_exactly_and_refuses_other_models(model, tmp_p
         load_session(model, None, tmp_path / "bad.safetensors")
     with pytest.raises(FormatError):
         load_session(model, None, tmp_path / "missing.safetensors")
+
+
+def test_healing_every_stale_row_equals_a_fresh_prefill(model):
+    h = HISTORY.tolist()
+    s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(h)
+    second = h[:30] + [4, 4] + h[60:120] + h[20:30] + h[130:]
+    report = s.step_ids(second)
+    assert report.path == "repair" and s.stale_rows > 20
+    stale = s.stale_rows
+    assert s.heal(max_rows=5) == 5 and s.stale_rows == stale - 5
+    assert s.heal() == stale - 5 and s.stale_rows == 0 and s.heal() == 0
+    fresh = make_cache(model)
+    want = forward(model, second, fresh, logits="last")[0, -1]
+    for layer in range(2):
+        assert max_diff(s.cache.keys(layer), fresh.keys(layer)) <= TOL
+        assert max_diff(s.cache.values(layer), fresh.values(layer)) <= TOL
+    assert max_diff(s.next_token_logits(), want) <= TOL
+    with pytest.raises(ArgumentError):
+        s.heal(max_rows=-1)

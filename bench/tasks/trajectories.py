@@ -147,19 +147,22 @@ def make_trajectories(
     n: int,
     requests: int,
     seed: int = 0,
-    tools_per_trajectory: int = 6,
+    tools_per_trajectory: int | Sequence[int] = 6,
     first_appends: int = 2,
 ) -> list[Trajectory]:
     """``n`` trajectories of ``requests`` requests each (see the module docstring). The first
-    ``first_appends`` edits are appends, so the conversation has depth before other edits."""
-    if n < 1 or requests < 2 or len(tool_pool) < 2:
-        raise ValueError("need n >= 1, requests >= 2 and at least two tools")
+    ``first_appends`` edits are appends, so the conversation has depth before other edits.
+    ``tools_per_trajectory`` may be a sequence, cycled over the trajectories (its depths)."""
+    counts = ([tools_per_trajectory] if isinstance(tools_per_trajectory, int)
+              else list(tools_per_trajectory))
+    if n < 1 or requests < 2 or len(tool_pool) < 2 or not counts or min(counts) < 1:
+        raise ValueError("need n >= 1, requests >= 2, at least two tools and tool counts >= 1")
     pool_texts = [t for texts in results.values() for t in texts] or ["ok"]
     out = []
     for index in range(n):
         rng = random.Random(seed * 1_000_003 + index)
-        tools = [copy.deepcopy(t) for t in rng.sample(list(tool_pool),
-                                                     min(tools_per_trajectory, len(tool_pool)))]
+        count = min(counts[index % len(counts)], len(tool_pool))
+        tools = [copy.deepcopy(t) for t in rng.sample(list(tool_pool), count)]
         first = Request([{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": rng.choice(QUESTIONS)}], tools, "first")
         trajectory = Trajectory(index, [first])

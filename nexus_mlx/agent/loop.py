@@ -10,7 +10,9 @@ assistant call and the tool results as OpenAI-style messages. It stops when a re
 calls (a reply that only repeats calls already executed is asked again with ``tool_choice
 "none"``, for the answer). Tool results older than the latest step and longer than
 ``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
-the middle of the conversation that the session repairs instead of re-encoding. A call the model makes to an unknown tool, or
+the middle of the conversation that the session repairs instead of re-encoding; while the calls
+run on their servers the session heals the rows its repairs left stale
+(:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
 that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
 can recover; the :class:`Execution` records say which calls succeeded.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,12 +149,25 @@ def run_agent(
             {"id": cid, "type": "function",
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for cid, c in zip(ids, reply.tool_calls, strict=True)]})
-        for cid, call in zip(ids, reply.tool_calls, strict=True):
-            done = execute_call(call, registry, servers, call_timeout)
+        for cid, (call, done) in zip(ids, _execute_while_healing(
+                session, reply.tool_calls, registry, servers, call_timeout), strict=True):
             run.executions.append(done)
             messages.append({"role": "tool", "tool_call_id": cid, "name": call.name,
                              "content": done.output})
     return run
+
+
+def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], registry: ToolRegistry,
+                           servers: Mapping[str, McpServer], timeout: float | None
+                           ) -> list[tuple[ParsedCall, Execution]]:
+    """Run the calls on their servers in a worker thread while this thread heals the session's
+    stale rows (MLX work stays on the caller's thread); waits for both, so the next step always
+    sees a fully healed cache whatever the servers' timing."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nexus-tool-call") as pool:
+        pending = pool.submit(lambda: [(c, execute_call(c, registry, servers, timeout))
+                                       for c in calls])
+        session.heal()
+        return pending.result()
 
 
 def _key(call: ParsedCall) -> str:

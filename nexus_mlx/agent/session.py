@@ -7,16 +7,23 @@ own chat template (the assistant's turn opened), aligns it with the cached ids
 (:func:`~nexus_mlx.agent.alignment.plan_edit`) and turns the difference into cache operations:
 
 - ``append``: the cache holds a prefix of the request: only the new tokens are prefilled.
-- ``repair`` (policy ``repair``): after the common prefix, the longest reused run of the old
-  sequence moves to its new position in one gather (:func:`~nexus_mlx.kv.regather.regather`:
-  deleted rows dropped, blank rows left for the inserted tokens, the run's keys re-anchored as a
-  splice does, paper 1), the inserted tokens are computed into the blanks, and ``budget``
-  percent of the run's rows (at least one when nothing follows it) are recomputed on the
-  allocator's choice (SUR by default, paper 2) in the same packed forward pass as the tail.
+- ``repair`` (policy ``repair``): after the common prefix, the runs of the old sequence that
+  reappear (:class:`~nexus_mlx.agent.alignment.Run`: a message or tool definition kept, moved or
+  reordered) move to their new positions in one gather (:func:`~nexus_mlx.kv.regather.regather`:
+  deleted rows dropped, blank rows left for the inserted tokens, the runs' keys re-anchored as a
+  splice does, paper 1). Then one packed forward pass computes the inserted tokens, the tail
+  and ``budget`` percent of the stale rows (the allocator's choice for the new tokens as the
+  query, SUR by default, paper 2; and the last row when nothing after it is new): all of them
+  advance through each layer together, fresh K/V written before attention.
 - ``truncate``: the request is a prefix of the cache: later rows are dropped (exact).
 - ``reencode``: everything after the common prefix is prefilled again — every non-append edit
   under policy ``exact`` (mlx-lm's prefix-cache behaviour, for audits), or when no reused run is
   at least ``min_reuse`` tokens (the report says why).
+
+A moved row that is not recomputed stays *stale* (its K/V saw another context) until a later
+step recomputes it: every later step under policy ``repair`` (appends included) recomputes
+``budget`` percent of the remaining stale rows in the same pass as its new tokens, chosen for
+that step's tokens, so a conversation heals as it goes; :attr:`Session.stale_rows` counts them.
 
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
@@ -36,6 +43,7 @@ route, call tools or parse their results (the agent loop does).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +55,8 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, plan_edit
+from nexus_mlx.agent.cache_editor import CacheEditor, Fill
+from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
     ParsedCall,
     ParsedTurn,
@@ -62,15 +72,13 @@ from nexus_mlx.decode.call_format import (
 from nexus_mlx.decode.generate import greedy
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.errors import ArgumentError
-from nexus_mlx.kv.cache import MAX_POSITION
-from nexus_mlx.kv.regather import regather, restore, snapshot
+from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
+from nexus_mlx.kv.regather import restore, snapshot
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
-from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens
-from nexus_mlx.refresh.edit import Edit
 
 Policy = Literal["exact", "repair"]
 POLICIES: tuple[str, ...] = ("exact", "repair")
@@ -78,7 +86,6 @@ POLICIES: tuple[str, ...] = ("exact", "repair")
 SESSION_ALLOCATORS: tuple[str, ...] = ("sur", "dense_tokens", "single_window", "bm25_units",
                                        "random_units")
 Sampler = Callable[[mx.array], mx.array]
-PREFILL_CHUNK = 512  # tokens per forward call when prefilling (as mlx-lm's prefill_step_size)
 Message = Mapping[str, Any]
 
 
@@ -95,6 +102,8 @@ class StepReport:
     timings: dict[str, float] = field(default_factory=dict)
     kl: float | None = None  # debug: KL(fresh prefill || session) of the next token
     top1: bool | None = None  # debug: whether their argmaxes agree
+    stale: int = 0  # rows left stale after the step (see Session.stale_rows)
+    from_blocks: int = 0  # of the spliced rows, those placed from compiled tool blocks
 
 
 @dataclass
@@ -123,6 +132,7 @@ class Session:
         allocator: str = "sur",
         min_reuse: int = 64,
         debug: bool = False,
+        blocks: ToolBlocks | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ArgumentError(f"policy {policy!r} is not one of {POLICIES}")
@@ -135,13 +145,30 @@ class Session:
         self.min_reuse, self.debug = min_reuse, debug
         limit = model_plan(model).max_position
         self.max_positions = int(limit) if limit is not None else MAX_POSITION + 1
-        self.cache = make_cache(model)
+        if blocks is not None:
+            blocks.check_model(model)
+        self.blocks = blocks  # compiled tool definitions shared with other sessions, if any
+        self.editor = CacheEditor(model, tokenizer, allocator)
         self.lock = threading.RLock()
-        self._last_logits: mx.array | None = None  # (V,) after the last cached token
         self.eos_token_ids = set(eos_token_ids(tokenizer))
         self.native_tools = renders_tools(tokenizer)
 
     # ---- state --------------------------------------------------------------------------
+    @property
+    def cache(self) -> NexusCache:
+        """The live cache (row ``r`` holds position ``r``)."""
+        return self.editor.cache
+
+    @cache.setter
+    def cache(self, cache: NexusCache) -> None:
+        self.editor.cache = cache
+
+    @property
+    def stale_rows(self) -> int:
+        """Rows that differ from a fresh prefill's: moved or spliced and not recomputed since,
+        or computed on top of such rows (see :mod:`.cache_editor`)."""
+        return int(self.editor.flags().sum())
+
     @property
     def tokens(self) -> np.ndarray:
         """The ids the cache encodes, in position order (a copy)."""
@@ -149,8 +176,7 @@ class Session:
 
     def reset(self) -> None:
         with self.lock:
-            self.cache = make_cache(self.model)
-            self._last_logits = None
+            self.editor = CacheEditor(self.model, self.tokenizer, self.allocator)
 
     # ---- rendering ----------------------------------------------------------------------
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
@@ -181,10 +207,12 @@ class Session:
     def step(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
              ) -> StepReport:
         """Bring the cache to the rendered request; its next-token logits are kept."""
-        return self.step_ids(self.render(messages, tools))
+        return self.step_ids(self.render(messages, tools), tools)
 
-    def step_ids(self, ids: Sequence[int] | np.ndarray) -> StepReport:
-        """:meth:`step` on token ids already rendered."""
+    def step_ids(self, ids: Sequence[int] | np.ndarray,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> StepReport:
+        """:meth:`step` on token ids already rendered (``tools``: the request's tools, whose
+        compiled blocks may be spliced when the session has :attr:`blocks`)."""
         new = np.asarray(ids, dtype=np.int64).reshape(-1)
         if new.size == 0:
             raise ArgumentError("the request renders to no tokens")
@@ -196,140 +224,130 @@ class Session:
             raise ArgumentError(f"token ids must be in [0, {vocab})")
         with self.lock:
             plan = plan_edit(self.tokens, new, self.min_reuse)
-            report = self._apply(plan, new)
+            report = self._apply(plan, new, [dict(t) for t in tools or ()])
             if self.debug:
                 self._compare_with_prefill(new, report)
             return report
 
-    def _apply(self, plan: EditPlan, new: np.ndarray) -> StepReport:
+    def _apply(self, plan: EditPlan, new: np.ndarray, tools: list[dict[str, Any]]
+               ) -> StepReport:
         start = time.perf_counter()
-        if plan.kind == "append" and plan.prefix < new.size:
-            self._prefill(new[plan.prefix:])
-            return self._report("append", "the cache holds a prefix of the request", plan, new,
-                                computed=new.size - plan.prefix, start=start)
-        if plan.kind == "append":  # the same ids again: recompute the last one for its logits
-            self._reencode(new, new.size - 1)
-            return self._report("append", "identical request: the last token recomputed", plan,
-                                new, computed=1, start=start)
         if plan.kind == "reuse" and self.policy == "repair":
-            return self._repair(plan, new, start)
-        if plan.prefix == new.size:  # the request is a prefix of the cache: a truncation
-            self._reencode(new, new.size - 1)
-            return self._report("truncate", "the request is a prefix of the cache: later rows "
-                                "dropped, the last token recomputed", plan, new, computed=1,
-                                start=start)
-        reason = ("policy 'exact' re-encodes every non-append edit" if self.policy == "exact"
-                  else f"no run of >= {self.min_reuse} cached tokens reappears after the edit")
-        self._reencode(new, plan.prefix)
-        return self._report("reencode", reason, plan, new, computed=new.size - plan.prefix,
-                            start=start)
+            return self._repair(plan, new, tools, start)
+        if plan.kind == "append" and plan.prefix < new.size:
+            path, keep, reason = "append", plan.prefix, "the cache holds a prefix of the request"
+        elif plan.kind == "append":  # the same ids again: recompute the last one for its logits
+            path, keep, reason = "append", new.size - 1, "identical request: last token recomputed"
+        elif plan.prefix == new.size:
+            path, keep, reason = ("truncate", new.size - 1, "the request is a prefix of the "
+                                  "cache: later rows dropped, the last token recomputed")
+        else:
+            path, keep = "reencode", plan.prefix
+            reason = ("policy 'exact' re-encodes every non-append edit" if self.policy == "exact"
+                      else f"no run of >= {self.min_reuse} cached tokens reappears after the edit")
+        fill = self._edit(new, tools, keep=keep)
+        return self._report(path, reason, plan, new, fill, start)
 
-    def _report(self, path: str, reason: str, plan: EditPlan, new: np.ndarray, *, computed: int,
-                start: float, spliced: int = 0, repaired: int = 0,
-                timings: dict[str, float] | None = None) -> StepReport:
-        kept = new.size - computed - spliced  # rows neither recomputed nor moved
+    def _repair(self, plan: EditPlan, new: np.ndarray, tools: list[dict[str, Any]],
+                start: float) -> StepReport:
+        timings: dict[str, float] = {}
+        fill = self._edit(new, tools, sources=plan.sources(), timings=timings)
+        moved = [run for run in plan.runs if run.delta]
+        reason = (f"{plan.deleted} rows deleted, {plan.inserted} inserted; {plan.reused} rows "
+                  f"reused in {len(plan.runs)} runs ({len(moved)} re-anchored); {fill.repaired} "
+                  f"inexact rows recomputed with the new tokens in one pass")
+        return self._report("repair", reason, plan, new, fill, start, moved=plan.reused,
+                            timings=timings)
+
+    def _edit(self, new: np.ndarray, tools: list[dict[str, Any]], *, keep: int | None = None,
+              sources: np.ndarray | None = None, timings: dict[str, float] | None = None
+              ) -> Fill:
+        """Move rows by ``sources`` (or trim to ``keep`` rows), then fill the rest of ``new``;
+        on any failure the cache, its flags and logits are put back exactly (a move builds new
+        arrays, so the old ones are restored; otherwise the cache's transaction saves the rows
+        the fill may overwrite)."""
+        editor, timings = self.editor, {} if timings is None else timings
+        extra = editor.state()
+        keep = editor.cache.n_past if keep is None else keep
+        if sources is not None:
+            state = snapshot(editor.cache)
+            guard: Any = contextlib.nullcontext()
+        else:
+            inexact = editor.inexact_rows()
+            guard = editor.cache.transaction(np.union1d(np.arange(keep, editor.cache.n_past),
+                                                        inexact[inexact < keep]))
+        try:
+            with guard:
+                t0 = time.perf_counter()
+                if sources is not None:
+                    editor.move(sources)
+                    fresh = np.concatenate([np.flatnonzero(sources == -1),
+                                            np.arange(sources.size, new.size)])
+                else:
+                    editor.trim(keep)
+                    fresh = np.arange(keep, new.size)
+                timings["move"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                repair = self.policy == "repair"
+                fill = editor.fill(new, fresh, self.budget if repair else 0.0, tools=tools,
+                                   blocks=self.blocks if repair else None)
+                timings["packed_pass"] = time.perf_counter() - t0
+                return fill
+        except BaseException:
+            if sources is not None:
+                restore(editor.cache, state)
+            editor.restore_state(extra)
+            raise
+
+    def _report(self, path: str, reason: str, plan: EditPlan, new: np.ndarray, fill: Fill,
+                start: float, *, moved: int = 0, timings: dict[str, float] | None = None
+                ) -> StepReport:
+        spliced = moved + fill.spliced
+        kept = new.size - fill.computed - spliced  # rows neither moved nor computed afresh
         stages = dict(timings or {})
         stages["total"] = time.perf_counter() - start
-        return StepReport(path, reason, int(new.size), int(kept), spliced, repaired, computed,
-                          int(plan.old_length - kept - spliced), stages)
+        return StepReport(path, reason, int(new.size), int(kept), spliced, fill.repaired,
+                          fill.computed, int(plan.old_length - kept - moved), stages,
+                          stale=self.stale_rows, from_blocks=fill.spliced)
 
-    # ---- cache operations ---------------------------------------------------------------
-    def _prefill(self, ids: np.ndarray, rows: np.ndarray | None = None) -> None:
-        """Compute ``ids`` into ``rows`` at those positions (default: appended), in chunks of
-        :data:`PREFILL_CHUNK` (bounded attention memory); keeps the last token's logits."""
-        rows = np.arange(self.cache.n_past, self.cache.n_past + ids.size) if rows is None else rows
-        for start in range(0, ids.size, PREFILL_CHUNK):
-            chunk = slice(start, start + PREFILL_CHUNK)
-            logits = forward(self.model, ids[chunk], self.cache, positions=rows[chunk],
-                             rows=rows[chunk], logits="last")
-            self.cache.evaluate()
-        self._last_logits = logits[0, -1]
-        mx.eval(self._last_logits)
-
-    def _reencode(self, new: np.ndarray, keep: int) -> None:
-        """Keep rows ``[0, keep)`` and prefill the rest; the overwritten rows come back on a
-        failure (the cache's transaction saves copies of just those rows)."""
-        with self.cache.transaction(np.arange(keep, self.cache.n_past)):
-            self.cache.trim(keep)
-            self._prefill(new[keep:])
-
-    def _repair(self, plan: EditPlan, new: np.ndarray, start: float) -> StepReport:
-        timings: dict[str, float] = {}
-        i, j, length, p = plan.block_old, plan.block_new, plan.block_length, plan.prefix
-        tail = new[j + length:]
-        state = snapshot(self.cache)  # regather writes fresh arrays: restoring is exact
-        try:
-            t0 = time.perf_counter()
-            sources = np.concatenate([np.arange(p), np.full(j - p, -1), np.arange(i, i + length)])
-            regather(self.cache, sources, np.arange(j + length))  # keys re-anchored by j - i
-            timings["move"] = time.perf_counter() - t0
-            if j > p:
-                t0 = time.perf_counter()
-                self._prefill(new[p:j], np.arange(p, j))  # into the blank rows
-                timings["prefill_inserted"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            rows = self._choose_rows(j, length, new, tail)
-            timings["selection"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            self._refresh_with_tail(rows, tail)
-            timings["refresh_and_tail"] = time.perf_counter() - t0
-        except BaseException:
-            restore(self.cache, state)
-            raise
-        reason = (f"{plan.deleted} rows deleted, {plan.inserted} inserted; {length} reused rows "
-                  f"re-anchored by {plan.delta:+d}, {rows.size} recomputed")
-        return self._report("repair", reason, plan, new,
-                            computed=int(plan.inserted + tail.size), start=start,
-                            spliced=length, repaired=int(rows.size), timings=timings)
-
-    def _choose_rows(self, j: int, length: int, new: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        """Rows of the spliced block to recompute: the allocator's budget, plus the block's last
-        row when nothing follows it (its logits are the next token's)."""
-        b = budget_tokens(length, self.budget)
-        query = tail if tail.size else new[max(0, j - 64):j]
-        if b and query.size:
-            request = AllocationRequest(self.model, self.cache, self.cache, Edit(j, j), query, b,
-                                        self.tokenizer)
-            selected = checked_selection(get_allocator(self.allocator)(request), length, b,
-                                         self.allocator)
-        else:
-            selected = np.zeros(0, np.int64)
-        if not tail.size:
-            selected = np.union1d(selected, [length - 1])
-        return (selected + j).astype(np.int64)
-
-    def _refresh_with_tail(self, rows: np.ndarray, tail: np.ndarray) -> None:
-        """One packed forward pass: the recomputed rows and the tail (its first
-        :data:`PREFILL_CHUNK` tokens; the rest is prefilled after) advance through each layer
-        together (fresh K/V written before attention)."""
-        if tail.size > PREFILL_CHUNK:
-            self._refresh_with_tail(rows, tail[:PREFILL_CHUNK])
-            self._prefill(tail[PREFILL_CHUNK:])
-            return
-        n = self.cache.n_past
-        tokens = np.concatenate([self.cache.tokens[rows], tail])
-        positions = np.concatenate([self.cache.positions[rows], np.arange(n, n + tail.size)])
-        targets = np.concatenate([rows, np.arange(n, n + tail.size)])
-        if tokens.size == 0:
-            return
-        logits = forward(self.model, tokens, self.cache, positions=positions, rows=targets,
-                         logits="last")
-        self.cache.evaluate()
-        self._last_logits = logits[0, -1]
-        mx.eval(self._last_logits)
+    def heal(self, max_rows: int | None = None) -> int:
+        """Recompute stale rows (all, or the first ``max_rows`` in position order) and the last
+        row in one packed pass; returns how many stale rows. Meant for idle time between
+        requests (while tools run, or after a server's reply): healing every stale row makes
+        the cache equal a fresh prefill of its ids."""
+        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
+                                     or max_rows < 0):
+            raise ArgumentError(f"max_rows must be an integer >= 0, got {max_rows!r}")
+        with self.lock:
+            extra = self.editor.state()
+            rows = np.union1d(self.editor.inexact_rows()[:max_rows], [self.cache.n_past - 1])
+            try:
+                with self.cache.transaction(rows if self.cache.n_past else ()):
+                    return self.editor.heal(max_rows)
+            except BaseException:
+                self.editor.restore_state(extra)
+                raise
 
     def _compare_with_prefill(self, new: np.ndarray, report: StepReport) -> None:
         fresh = forward(self.model, new, make_cache(self.model), logits="last")[0, -1]
-        assert self._last_logits is not None
-        report.kl = next_token_kl(fresh, self._last_logits)
-        report.top1 = top1_agreement(fresh, self._last_logits)
+        mine = self.next_token_logits()
+        report.kl = next_token_kl(fresh, mine)
+        report.top1 = top1_agreement(fresh, mine)
 
     # ---- generation ---------------------------------------------------------------------
     def next_token_logits(self) -> mx.array:
         """Logits ``(V,)`` of the token after the cached ones."""
-        if self._last_logits is None:
+        if self.editor.logits is None:
             raise ArgumentError("the session holds nothing yet: call step() first")
-        return self._last_logits
+        return self.editor.logits
+
+    def advance(self, token: int) -> mx.array:
+        """Append one token (a decoded one) to the cache; returns the next token's logits."""
+        with self.lock:
+            logits = forward(self.model, [token], self.cache, logits="last")[0, -1]
+            mx.eval(logits)
+            self.editor.logits = logits
+            return logits
 
     def generate(
         self,
@@ -398,9 +416,7 @@ class Session:
                     return out, "stop_string", ttft
             if len(out) >= max_tokens or self.cache.n_past + 1 >= self.max_positions:
                 return out, "length", ttft
-            logits = forward(self.model, [token], self.cache, logits="last")[0, -1]
-            mx.eval(logits)
-            self._last_logits = logits
+            logits = self.advance(token)
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -1,8 +1,8 @@
 """Saving and loading a live session: its cache rows, token ids and settings, checked strictly.
 
 Contract: ``save_session(session, path)`` writes one safetensors file (the live K/V of every
-layer, the token ids, the next-token logits) with JSON metadata (format version, the model's
-fingerprint, a digest of the chat template, dtype, V layout and the session's settings). The
+layer, the token ids, the per-row stale flags, the next-token logits) with JSON metadata (format
+version, the model's fingerprint, a digest of the chat template, dtype, V layout and the session's settings). The
 file is written to a temporary name beside ``path`` and renamed into place, so a crash never
 leaves a half-written session under ``path``. ``load_session(model, tokenizer, path)`` refuses,
 before building anything, a file that is not a session of this version (:class:`FormatError`,
@@ -30,7 +30,7 @@ from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import make_cache
 
 FORMAT = "nexus-mlx-session"
-VERSION = 1
+VERSION = 2  # 2: per-row stale flags
 
 
 def template_digest(tokenizer: Any) -> str:
@@ -58,9 +58,10 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
         n = cache.n_past
         arrays: dict[str, mx.array] = {
             "tokens": mx.array(cache.tokens[:n].astype(np.int32)),
+            "stale": mx.array(session.editor.flags().astype(np.uint8)),
         }
-        if session._last_logits is not None:
-            arrays["next_logits"] = session._last_logits.astype(mx.float32)
+        if session.editor.logits is not None:
+            arrays["next_logits"] = session.editor.logits.astype(mx.float32)
         for layer in range(cache.num_layers):
             arrays[f"k.{layer}"] = cache.keys(layer)
             arrays[f"v.{layer}"] = cache.values(layer)
@@ -103,6 +104,8 @@ def _check_arrays(path: Path, arrays: dict[str, mx.array], meta: dict[str, Any],
     n, cache = meta.get("n_past"), expected.cache
     if not isinstance(n, int) or n < 0 or "tokens" not in arrays or arrays["tokens"].shape != (n,):
         raise FormatError(f"{path}: field n_past / tokens is inconsistent")
+    if "stale" not in arrays or arrays["stale"].shape != (n,):
+        raise FormatError(f"{path}: field stale is missing or not ({n},)")
     shape = (1, cache.n_kv_heads, n, cache.head_dim)
     for layer in range(cache.num_layers):
         for kind in ("k", "v"):
@@ -137,6 +140,7 @@ def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str])
         values = [arrays[f"v.{layer}"] for layer in range(cache.num_layers)]
         cache.write(np.arange(n), keys, values, tokens=np.array(arrays["tokens"]).astype(np.int64))
         cache.evaluate()
-        session._last_logits = arrays["next_logits"]
+        session.editor.logits = arrays["next_logits"]
     session.cache = cache
+    session.editor.set_flags(np.array(arrays["stale"]).astype(bool))
     return session

@@ -30,7 +30,7 @@ def describe_step(label: str, report: StepReport) -> str:
     """One line: what a step did to the live cache, and how long it took."""
     line = (f"  {label}: {report.path:<8} {report.prompt_tokens:>5} tokens = {report.reused} "
             f"reused + {report.spliced} spliced ({report.repaired} of them repaired) + "
-            f"{report.computed} computed; {report.deleted} deleted; "
+            f"{report.computed} computed; {report.deleted} deleted; {report.stale} stale left; "
             f"{report.timings.get('total', 0.0) * 1e3:.0f} ms")
     if report.kl is not None:
         line += f"; vs a fresh prefill: KL {report.kl:.4f} nats, top-1 " + (

@@ -56,7 +56,7 @@ def reuse_of(tokens: np.ndarray, ids: np.ndarray, *, repair: bool, min_reuse: in
     if prefix == tokens.size or not repair:
         return prefix, int(tokens.size - prefix)
     plan = plan_edit(tokens, ids, min_reuse)
-    kept = plan.prefix + plan.block_length
+    kept = plan.prefix + plan.reused
     return kept, int(tokens.size - kept)
 
 

@@ -33,13 +33,21 @@ class AllocationRequest:
     tokenizer: Any = None  # needed by text-structured allocators (units)
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    # the stale rows' token ids when they are not the contiguous rows [p0, n_past) of
+    # ``shifted`` (a session's reused runs gathered in position order); only allocators that
+    # read the suffix through suffix_tokens / suffix_length (the text-only ones) accept it
+    suffix: np.ndarray | None = None
 
     @property
     def suffix_length(self) -> int:
+        if self.suffix is not None:
+            return int(self.suffix.size)
         return self.shifted.n_past - self.edit.p0
 
     @property
     def suffix_tokens(self) -> np.ndarray:
+        if self.suffix is not None:
+            return self.suffix
         return self.shifted.tokens[self.edit.p0 :]
 
     @property

@@ -1,0 +1,147 @@
+"""Multi-step agent requests answered over the live time and git MCP servers, checked against
+the servers' own facts.
+
+Contract: ``python bench/agent_run.py [--model M] [--quick]`` starts ``mcp-server-time`` and
+``mcp-server-git`` (on a temporary repository with three commits and one modified file), then
+asks one conversation a list of requests through the agent loop
+(:func:`~nexus_mlx.agent.loop.run_agent`, the loop ``Agent.run`` drives; every live tool is
+shown, so no routing): each step generates in the model's own call format over one live
+:class:`~nexus_mlx.agent.session.Session`, executes the calls on the servers and appends the
+results, until the model answers in text. Each answer is checked against facts computed here,
+independently of the model: the last commit's subject, the repository's modified file, the
+three commit subjects, the time in Tokyo (now, and at the last commit) within two minutes, and
+a fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
+server's verdict), answer, checks, steps and timings; the final line has ``correct`` (requests
+whose every check passed) and ``n``.
+"""
+
+from __future__ import annotations
+
+from common import add_model_argument, arg_parser, emit, model_record  # first: nexus_mlx + BLAS
+
+import datetime
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from agent_session import _git_repository
+
+from nexus_mlx import load
+from nexus_mlx.agent.loop import run_agent
+from nexus_mlx.agent.mcp_server import McpServer, installed_server
+from nexus_mlx.agent.session import Session
+from nexus_mlx.tools.registry import ToolRegistry
+
+TOKYO = ZoneInfo("Asia/Tokyo")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _clock_times(moment: datetime.datetime) -> set[str]:
+    """``HH:MM`` strings within two minutes of ``moment`` (24-hour and 12-hour forms)."""
+    out = set()
+    for minutes in range(-2, 3):
+        t = moment + datetime.timedelta(minutes=minutes)
+        out |= {t.strftime("%H:%M"), t.strftime("%I:%M").lstrip("0")}
+    return out
+
+
+def _has_time(answer: str, moment: datetime.datetime) -> bool:
+    found = set(re.findall(r"\b(\d{1,2}:\d{2})", answer))
+    return bool(found & _clock_times(moment))
+
+
+def requests_and_checks(repo: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The requests and, for each, what its answer must contain (computed from the repo)."""
+    subjects = _git(repo, "log", "-3", "--format=%s").splitlines()
+    committed = datetime.datetime.fromtimestamp(int(_git(repo, "log", "-1", "--format=%ct")),
+                                                TOKYO)
+    last_file = subjects[0].split(":")[0].removeprefix("Add ").strip()
+    return [
+        (f"What changed in the last commit of the git repository at {repo}, and what time was "
+         "that in Tokyo?", {"contains": [last_file], "tokyo_time_at": committed}),
+        ("What time is it in Tokyo right now?", {"tokyo_time_now": True}),
+        (f"Which files are modified but not committed in the repository at {repo}?",
+         {"contains": ["parser.py"]}),
+        (f"Show me the three most recent commit messages of the repository at {repo}.",
+         {"contains": [s.split(":")[0].removeprefix("Add ").strip() for s in subjects]}),
+        ("Convert 14:30 in America/New_York to Europe/London time.", {"contains_any": ["19:30",
+                                                                                      "7:30"]}),
+    ]
+
+
+def check(answer: str, expect: dict[str, Any], asked_at: datetime.datetime) -> dict[str, bool]:
+    text = answer.lower()
+    out: dict[str, bool] = {}
+    for needle in expect.get("contains", []):
+        out[f"mentions {needle}"] = needle.lower() in text
+    if "contains_any" in expect:
+        out["mentions " + " or ".join(expect["contains_any"])] = any(
+            n in text for n in expect["contains_any"])
+    if "tokyo_time_at" in expect:
+        out["Tokyo time at the commit"] = _has_time(answer, expect["tokyo_time_at"])
+    if expect.get("tokyo_time_now"):
+        out["Tokyo time now"] = _has_time(answer, asked_at.astimezone(TOKYO))
+    return out
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0] if __doc__ else "")
+    add_model_argument(parser, default="qwen2.5-coder-0.5b")
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    model, tokenizer = load(args.model)
+    with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
+        repo = _git_repository(Path(tmp))
+        specs = {"time": installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
+                 "git": installed_server("mcp-server-git", "mcp_server_git", "--repository",
+                                         str(repo), namespace="git")}
+        servers = {name: McpServer(spec) for name, spec in specs.items()}
+        try:
+            for server in servers.values():
+                server.start()
+            registry = ToolRegistry([t for s in servers.values() for t in s.list_tools()])
+            items = requests_and_checks(repo)[: 2 if args.quick else None]
+            session = Session(model, tokenizer)
+            history: list[dict[str, Any]] = []
+            records = []
+            for request, expect in items:
+                asked_at = datetime.datetime.now(datetime.timezone.utc)
+                start = time.perf_counter()
+                run = run_agent(session, history, request, registry, servers,
+                                max_steps=args.max_steps, max_tokens=args.max_tokens)
+                seconds = time.perf_counter() - start
+                history = run.messages
+                checks = check(run.answer, expect, asked_at)
+                records.append({
+                    "request": request, "answer": run.answer, "finish": run.finish,
+                    "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
+                               "output": e.output[:300]} for e in run.executions],
+                    "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
+                    "steps": [{"path": s.path, "prompt_tokens": s.prompt_tokens,
+                               "reused": s.reused, "spliced": s.spliced,
+                               "repaired": s.repaired, "computed": s.computed,
+                               "seconds": s.timings.get("total")} for s in run.steps],
+                    "seconds": seconds})
+                print(f"{request!r}\n  calls: {[(e.name, e.arguments, e.ok) for e in run.executions]}"
+                      f"\n  answer: {run.answer.strip()[:300]!r}\n  checks: {checks} "
+                      f"({seconds:.0f} s)", flush=True)
+        finally:
+            for server in servers.values():
+                server.close()
+    name = "agent_run" + (f"_{args.tag}" if args.tag else "")
+    emit(name, {**model_record(args.model, model), "records": records,
+                "correct": sum(r["correct"] for r in records), "n": len(records)}, args.quick)
+
+
+if __name__ == "__main__":
+    main()
