@@ -109,6 +109,8 @@ class CacheEditor:
     # ---- computing ----------------------------------------------------------------------
     def fill(self, new: np.ndarray, fresh: np.ndarray, budget: float, *,
              tools: Sequence[Tool] = (), blocks: ToolBlocks | None = None) -> Fill:
+        if blocks is not None and tools:
+            blocks.prepare(tools)
         spliced = self._place_blocks(new, fresh, tools, blocks) if blocks is not None else None
         if spliced is not None and spliced.size:
             fresh = np.setdiff1d(fresh, spliced)

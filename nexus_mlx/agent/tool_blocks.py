@@ -1,9 +1,14 @@
 """Compiled tool definitions for live sessions: each tool's K/V as the chat template renders it,
 content-addressed, spliced into later requests instead of prefilled (paper 1's compiled blocks).
 
-Contract: ``ToolBlocks(model, render, template)`` is shared by the sessions of one model and one
-renderer (``render(messages, tools) -> ids``, a session's own :meth:`Session.render`;
-``template``: any string naming the chat template, hashed into the keys).
+Contract: ``ToolBlocks(model, render, template, source=...)`` is shared by the sessions of one
+model and one renderer (``render(messages, tools) -> ids``, a session's own
+:meth:`Session.render`; ``template``: any string naming the chat template, hashed into the
+keys). ``source`` says where blocks come from: ``"harvest"`` (default) cuts them from the first
+live cache that computes a tool exactly (free, but which session ran first decides their
+context); ``"compile"`` compiles every tool of a request before its first use, so a block never
+depends on the order of traffic (a server's choice: each reply depends on its own conversation
+only).
 
 - ``span(tool)``: the token ids the template renders for one tool's definition: a one-message
   request is rendered with a sentinel tool, with and without ``tool``, and the interior of the
@@ -49,6 +54,7 @@ SENTINEL = {"type": "function", "function": {
     "name": "nexus_sentinel", "description": "A placeholder tool that is never called.",
     "parameters": {"type": "object", "properties": {}}}}
 MIN_SPAN = 8  # shorter spans are not worth a block
+SOURCES = ("harvest", "compile")
 
 
 def _canonical(tool: Mapping[str, Any]) -> str:
@@ -67,10 +73,13 @@ class ToolBlocks:
     """See the module docstring."""
 
     def __init__(self, model: nn.Module, render: Render, template: str = "", *,
-                 max_bytes: int = 256 << 20) -> None:
+                 source: str = "harvest", max_bytes: int = 256 << 20) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ArgumentError(f"max_bytes must be a byte count >= 0, got {max_bytes!r}")
+        if source not in SOURCES:
+            raise ArgumentError(f"source {source!r} is not one of {SOURCES}")
         self.model, self.render, self.max_bytes = model, render, max_bytes
+        self.source = source
         self._salt = model_fingerprint(model).weights_digest + hashlib.sha256(
             template.encode()).hexdigest()
         self._spans: dict[str, tuple[int, ...] | None] = {}
@@ -132,9 +141,16 @@ class ToolBlocks:
             raise ArgumentError("these tool blocks were built for another loaded model")
 
     # ---- filling ------------------------------------------------------------------------
+    def prepare(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        """Before a request uses ``tools``: compile the missing blocks (source ``"compile"``)."""
+        return self.compile(tools) if self.source == "compile" else 0
+
     def harvest(self, cache: NexusCache, ids: np.ndarray, tools: Sequence[Mapping[str, Any]],
                 fresh: np.ndarray) -> int:
-        """Blocks cut from ``cache`` for tools whose span sits on fresh rows; returns how many."""
+        """Blocks cut from ``cache`` for tools whose span sits on fresh rows (source
+        ``"harvest"``; nothing otherwise); returns how many."""
+        if self.source != "harvest":
+            return 0
         haystack = np.asarray(ids, np.int32).tobytes()
         made = 0
         for tool in tools:

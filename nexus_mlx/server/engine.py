@@ -1,8 +1,11 @@
 """The server's model side: checked requests in, replies out, on the MLX thread.
 
 Contract: ``Engine(model, tokenizer, policy=..., budget=..., max_sessions=...,
-cache_budget=..., max_tokens=...)`` owns one loaded model and a :class:`SessionPool` of live
-sessions over it. Both calls block and are meant for worker threads:
+cache_budget=..., max_tokens=..., tool_blocks=True)`` owns one loaded model and a
+:class:`SessionPool` of live sessions over it; under policy ``repair`` its sessions share
+compiled tool blocks (:mod:`~nexus_mlx.agent.tool_blocks`, compiled at a tool's first sight, so
+a reply never depends on other conversations' traffic), spliced where a request's tool
+definitions are new to its session. Both calls block and are meant for worker threads:
 
 - ``prepare(request)`` renders the conversation with the model's chat template and checks what
   only the model can: that the template renders it, that it fits the context (with the asked
@@ -35,6 +38,8 @@ import numpy as np
 
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
 from nexus_mlx.agent.session import Policy, Session
+from nexus_mlx.agent.session_file import template_digest
+from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.server.pool import SessionPool
@@ -58,13 +63,17 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: Policy = "repair",
                  budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
-                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                 max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
         self.policy, self.budget = policy, budget
         # the renderer checks the policy and budget once; it never steps
+        self.blocks: ToolBlocks | None = None
         self._renderer: Session = run_on_mlx_thread(self._new_session)
+        if tool_blocks and policy == "repair":  # compiled at first sight: order-independent
+            self.blocks = run_on_mlx_thread(lambda: ToolBlocks(
+                model, self._renderer.render, template_digest(tokenizer), source="compile"))
         self.context = self._renderer.max_positions
         self.pool = SessionPool(lambda: run_on_mlx_thread(self._new_session),
                                 max_sessions=max_sessions, cache_budget=cache_budget)
@@ -73,7 +82,8 @@ class Engine:
         self.served = self.cancelled = self.failed = 0
 
     def _new_session(self) -> Session:
-        return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget)
+        return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
+                       blocks=self.blocks)
 
     # ---- checking -----------------------------------------------------------------------
     def prepare(self, request: ChatRequest, arrived: float | None = None) -> Prepared | ApiError:
