@@ -12,7 +12,9 @@ rotates):
 - ``prefix``: mlx-lm's own prompt cache and forward, reused up to the first differing token and
   trimmed there (what ``mlx_lm.server`` does);
 - ``exact``: ``Session(policy="exact")`` (the same policy on our engine);
-- ``repair-2`` / ``repair-5``: ``Session(policy="repair", budget=2 / 5)``.
+- ``repair-2`` / ``repair-5``: ``Session(policy="repair", budget=2 / 5)``, sharing one
+  :class:`~nexus_mlx.agent.tool_blocks.ToolBlocks` harvested from their caches (a tool
+  definition new to a session is spliced when an earlier trajectory computed it).
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
@@ -55,6 +57,8 @@ from nexus_mlx.agent.loop import openai_tool
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
 from nexus_mlx.agent.session import Session
+from nexus_mlx.agent.session_file import template_digest
+from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import parse_tool_calls
 from nexus_mlx.metrics import next_token_kl
 
@@ -171,7 +175,8 @@ class SessionArm:
     def step(self, ids: np.ndarray) -> tuple[mx.array, int, str]:
         report = self.session.step_ids(ids)
         self.last = {"reason": report.reason, "repaired": report.repaired,
-                     "stale": report.stale, "timings": report.timings}
+                     "stale": report.stale, "from_blocks": report.from_blocks,
+                     "timings": report.timings}
         return (self.session.next_token_logits(), report.computed + report.repaired,
                 report.path)
 
@@ -185,11 +190,11 @@ class SessionArm:
         return {"heal_ms": (time.perf_counter() - start) * 1e3, "healed": healed}
 
 
-def make_arms(model: Any, tokenizer: Any) -> dict[str, Any]:
+def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None) -> dict[str, Any]:
     return {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
             "exact": SessionArm(Session(model, tokenizer, policy="exact")),
-            "repair-2": SessionArm(Session(model, tokenizer, budget=2.0)),
-            "repair-5": SessionArm(Session(model, tokenizer, budget=5.0))}
+            "repair-2": SessionArm(Session(model, tokenizer, budget=2.0, blocks=blocks)),
+            "repair-5": SessionArm(Session(model, tokenizer, budget=5.0, blocks=blocks))}
 
 
 def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bool
@@ -263,6 +268,8 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=24, help="greedy tokens per request")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--no-blocks", action="store_true",
+                        help="repair arms do not splice compiled tool blocks")
     parser.add_argument("--no-idle-heal", action="store_true",
                         help="keep stale rows between requests (no healing while idle)")
     args = parser.parse_args()
@@ -277,9 +284,12 @@ def main() -> None:
                                      tool_counts)
     render = Session(model, tokenizer)
     eos = set(render.eos_token_ids)
+    # the repair arms share compiled tool blocks across trajectories, harvested from their caches
+    blocks = (None if args.no_blocks else
+              ToolBlocks(model, render.render, template_digest(tokenizer)))
     records = []
     for trajectory in trajectories:
-        arms = make_arms(model, tokenizer)
+        arms = make_arms(model, tokenizer, blocks)
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
             order = ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]
@@ -292,8 +302,8 @@ def main() -> None:
                    "load": os.getloadavg()[0], "arms": {}}
             for name, run in runs.items():
                 calls = parse_tool_calls(tokenizer.decode(run["tokens"])).calls
-                extra = {k: run[k] for k in ("reason", "repaired", "stale", "timings", "heal_ms",
-                                             "healed") if k in run}
+                extra = {k: run[k] for k in ("reason", "repaired", "stale", "from_blocks",
+                                             "timings", "heal_ms", "healed") if k in run}
                 row["arms"][name] = {
                     **extra,
                     "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
@@ -308,7 +318,7 @@ def main() -> None:
     name = "agent_session" + (f"_{args.tag}" if args.tag else "")
     emit(name, {**model_record(args.model, model), "n_trajectories": args.n, "requests": args.requests,
                 "tools_per_trajectory": tool_counts,
-                "idle_heal": not args.no_idle_heal, "decode_tokens": args.decode,
+                "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)

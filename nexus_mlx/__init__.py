@@ -10,7 +10,7 @@ On CPU-only builds it also raises MLX's buffer-cache limit (``nexus_mlx._platfor
 
 Floors (each imports only the floors below it; ``tests/test_architecture.py`` checks it):
 ``errors``, ``metrics``, ``_platform`` < ``kv`` < ``kernels`` < ``models`` < ``tools``, ``sur``
-< ``blocks``, ``refresh``, ``decode`` < ``routing`` < ``agent`` < ``cli``.
+< ``blocks``, ``refresh``, ``decode`` < ``routing`` < ``agent`` < ``server`` < ``cli``.
 """
 
 from nexus_mlx._platform.blas import BLAS_STATUS  # noqa: I001  (must precede every mlx import)
@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "make_cache": "nexus_mlx.models.forward",
     "model_plan": "nexus_mlx.models.arch",
     "model_fingerprint": "nexus_mlx.models.fingerprint",
+    "convert_model": "nexus_mlx.models.convert",
+    "save_mlx_lm": "nexus_mlx.models.convert",
     # the cache and RoPE
     "NexusCache": "nexus_mlx.kv.cache",
     "RopeSpec": "nexus_mlx.kv.rope",
@@ -74,6 +76,12 @@ _EXPORTS: dict[str, str] = {
     "RadixArena": "nexus_mlx.agent.radix_arena",
     "Session": "nexus_mlx.agent.session",
     "StepReport": "nexus_mlx.agent.session",
+    "ToolBlocks": "nexus_mlx.agent.tool_blocks",
+    "save_session": "nexus_mlx.agent.session_file",
+    "load_session": "nexus_mlx.agent.session_file",
+    # the OpenAI-compatible server
+    "Server": "nexus_mlx.server.runner",
+    "serve": "nexus_mlx.server.runner",
     # errors
     "NexusError": "nexus_mlx.errors",
     "ModelNotFoundError": "nexus_mlx.errors",
@@ -110,6 +118,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.agent.orchestrator import Agent
     from nexus_mlx.agent.radix_arena import RadixArena
     from nexus_mlx.agent.session import Session, StepReport
+    from nexus_mlx.agent.session_file import load_session, save_session
+    from nexus_mlx.agent.tool_blocks import ToolBlocks
     from nexus_mlx.blocks.atb import read_block, write_block
     from nexus_mlx.blocks.block import CompiledBlock
     from nexus_mlx.blocks.compile import compile_block, compile_directory
@@ -135,6 +145,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.kv.rope import RopeSpec, apply_rope, reanchor
     from nexus_mlx.metrics import next_token_kl, top1_agreement
     from nexus_mlx.models.arch import model_plan
+    from nexus_mlx.models.convert import convert_model, save_mlx_lm
     from nexus_mlx.models.fingerprint import model_fingerprint
     from nexus_mlx.models.forward import forward, make_cache
     from nexus_mlx.models.load import load
@@ -143,6 +154,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.routing.embedder import Embedder
     from nexus_mlx.routing.router import Router, build_router
     from nexus_mlx.routing.slb import SemanticLookasideBuffer
+    from nexus_mlx.server.runner import Server, serve
     from nexus_mlx.tools.ir import IROptions, tool_signature
     from nexus_mlx.tools.registry import ToolRegistry, load_tools
     from nexus_mlx.tools.tool import Tool
