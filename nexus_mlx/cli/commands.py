@@ -322,6 +322,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- convert -----------------------------------------------------------------------------
+CONVERT_DTYPES: dict[str, Any] = {"auto": "auto", "keep": None, "float32": mx.float32,
+                                  "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from nexus_mlx.models.convert import check_output_dir, convert_model
+
+    shard_mib = checks.positive_int(args.max_shard_size, "--max-shard-size")
+    check_output_dir(args.out, args.force)  # before the model loads
+    with Stages(1, "convert") as stages:
+        stages.start(f"loading {args.model}, writing and checking {args.out}")
+        result = convert_model(args.model, args.out, dtype=CONVERT_DTYPES[args.dtype],
+                               force=args.force, max_shard_bytes=shard_mib << 20)
+    quantized = f", {result.quantized_layers} quantized layers" if result.quantized_layers else ""
+    print(f"wrote {result.path} ({result.nbytes / (1 << 20):.1f} MiB of weights in "
+          f"{', '.join(result.dtypes)}{quantized}; files: {', '.join(result.files)})")
+    print(f"load it with mlx_lm.load({str(result.path)!r}) or serve it with "
+          f"mlx_lm.server --model {result.path}")
+    return 0
+
+
 # ---- bench / report ----------------------------------------------------------------------
 def bench_dir() -> Path:
     """The source checkout's ``bench/`` folder: beside the package (an editable install) or in

@@ -104,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=512,
                    help="reply tokens at most when a request gives no max_tokens")
 
+    p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
+             "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",
+             commands.cmd_convert, model=False)
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the directory to write (new, empty, or a model directory with --force)")
+    p.add_argument("--dtype", default="auto", choices=list(commands.CONVERT_DTYPES),
+                   help="auto: what nexus-mlx computes with here (float32 on CPU, the file's "
+                   "precision on a GPU); keep: the file's precision, quantized layers saved "
+                   "quantized (mlx-lm's quantization block); a float type: dequantize and cast")
+    p.add_argument("--force", action="store_true",
+                   help="replace the model directory already at --out")
+    p.add_argument("--max-shard-size", type=int, default=5120, metavar="MIB",
+                   help="weights per safetensors file at most, in MiB (larger models are sharded)")
+
     p = _add(sub, "bench", "run a benchmark script from bench/", commands.cmd_bench, model=False)
     p.add_argument("name", help="benchmark name, e.g. blas, engine, dkl_sweep")
     p.add_argument("--quick", action="store_true", help="the < 1 minute smoke-test setting")

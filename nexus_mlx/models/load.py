@@ -18,7 +18,6 @@ dtype dequantizes and casts every weight. The architecture must be one the engin
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +45,7 @@ def _resolve_dtype(dtype: DtypeArg) -> mx.Dtype | None:
 
 
 def _load_directory(path: Path, dtype: mx.Dtype | None) -> tuple[nn.Module, Any]:
-    from mlx_lm.utils import dequantize_model, load_model, load_tokenizer
+    from mlx_lm.utils import dequantize_model, load_config, load_model, load_tokenizer
 
     if not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
@@ -54,16 +53,18 @@ def _load_directory(path: Path, dtype: mx.Dtype | None) -> tuple[nn.Module, Any]
             return load_gguf(ggufs[0], dtype)
         raise ModelFormatError(f"{path} has no config.json (and not exactly one .gguf file)")
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        config = load_config(path)  # config.json, with generation_config.json's eos ids
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in MLX_LM_MODULES:
         raise ModelFormatError(
             f"{path}: model_type {model_type!r} is not supported; supported: {sorted(MLX_LM_MODULES)}"
         )
     try:
         model, _ = load_model(path)
-        tokenizer = load_tokenizer(path)
+        # every end-of-sequence id the config names, as mlx_lm.load passes them
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (OSError, ValueError, KeyError) as exc:
         raise ModelFormatError(f"cannot load the model directory {path}: {exc}") from exc
     if dtype is not None:
