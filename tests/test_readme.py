@@ -8,6 +8,7 @@ directory. A block may only be skipped by a visible marker line in the README,
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -31,8 +32,18 @@ def needs(source: str) -> list[str]:
     return [name.strip() for line in NEEDS.findall(source) for name in line.split(",")]
 
 
+def installed(package: str) -> bool:
+    """Whether the pip package is installed: by its distribution name (``openai-agents``
+    imports as ``agents``), else by the module its name spells."""
+    try:
+        importlib.metadata.distribution(package)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return importlib.util.find_spec(package.replace("-", "_")) is not None
+
+
 def missing(packages: list[str]) -> list[str]:
-    return [p for p in packages if importlib.util.find_spec(p.replace("-", "_")) is None]
+    return [p for p in packages if not installed(p)]
 
 
 BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
