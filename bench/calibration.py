@@ -1,9 +1,11 @@
 """Benchmark: margin-gate calibration (tau) and fire rate per registry (paper 1, gate table).
 
-Contract: ``python bench/calibration.py [--quick]`` calibrates the top-1/top-2 margin gate with
-the library's ``calibrate(slb)`` (tau = 20th percentile of the margins of adversarial queries,
-the registry's own tool texts standing in for queries) on three registries, with the tool text
-and query prefix of ``bench/routing_accuracy.py`` (``words_params``, ``"query: "``):
+Contract: ``python bench/calibration.py [--quick] [--lexical-weight W]`` calibrates the
+top-1/top-2 margin gate with the library's ``calibrate`` (tau = 20th percentile of the margins
+of adversarial queries, the registry's own tool texts standing in for queries) on the router's
+score (the SLB cosine fused with BM25 over the same texts, weight ``W``: the library default;
+0 for the cosine alone) on three registries, with the tool text and query prefix of
+``bench/routing_accuracy.py`` (``words_params``, ``"query: "``):
 
 - ``github-mcp``: the 117 GitHub MCP tools; test queries ``bench/github_queries.jsonl``;
 - ``seal-250``: a seeded random 250-tool sample of Seal-Tools (its calibration is the saved
@@ -14,7 +16,7 @@ and query prefix of ``bench/routing_accuracy.py`` (``words_params``, ``"query: "
 
 Per registry: tau, the calibration's own fire rate (share of calibration queries escalating),
 the fire rate on the test queries, ``errors_escalated`` (share of SLB top-1 errors the gate
-escalates), the SLB top-1 accuracy, and the same with ``calibrate(slb, held-out queries)`` as
+escalates), the first-stage (fused) top-1 accuracy, and the same with ``calibrate(slb, held-out queries)`` as
 an alternative (Seal-Tools ``dev-difficult`` queries for Seal; for GitHub, where no held-out
 set exists, the test queries themselves: label-free but transductive, for reference only).
 Each saved calibration is ``Calibration.save`` JSON (tools digest and embedder id included):
@@ -39,7 +41,9 @@ import numpy as np
 
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 from nexus_mlx.routing.embedder import Embedder
-from nexus_mlx.routing.gate import Calibration, calibrate, margin
+from nexus_mlx.routing.gate import Calibration, calibrate, margin, top_scores
+from nexus_mlx.routing.lexical import BM25Index
+from nexus_mlx.routing.router import DEFAULT_LEXICAL_WEIGHT
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_eval import (
     DEFAULT_CACHE,
@@ -72,12 +76,32 @@ def build_slb(registry: ToolRegistry, vectors: np.ndarray) -> SemanticLookasideB
     return slb
 
 
-def gate_stats(slb: SemanticLookasideBuffer, cal: Calibration, qv: np.ndarray,
-               queries: list[Query]) -> dict[str, Any]:
+class Scoring:
+    """The router's score over one registry: cosine, fused with BM25 when ``weight > 0``."""
+
+    def __init__(self, registry: ToolRegistry, weight: float) -> None:
+        self.texts = [TEXTS[TEXT](t) for t in registry]
+        self.weight = weight
+        self.index = BM25Index(self.texts) if weight > 0 else None
+
+    def calibrate(self, slb: SemanticLookasideBuffer, vectors: np.ndarray | None = None,
+                  texts: list[str] | None = None) -> Calibration:
+        """``calibrate`` on the tools' texts (no ``vectors``) or on the given queries."""
+        return calibrate(slb, vectors, lexical=self.index, lexical_weight=self.weight,
+                         query_texts=self.texts if vectors is None else texts)
+
+    def top2(self, slb: SemanticLookasideBuffer, vector: np.ndarray,
+             text: str) -> tuple[np.ndarray, np.ndarray]:
+        lexical = None if self.index is None else self.index.normalized(text)
+        return top_scores(slb, vector, 2, lexical, self.weight)
+
+
+def gate_stats(slb: SemanticLookasideBuffer, scoring: Scoring, cal: Calibration,
+               qv: np.ndarray, queries: list[Query]) -> dict[str, Any]:
     """Fire rate and error capture of ``cal`` on test queries over this buffer."""
     margins, right = [], []
     for q, vec in zip(queries, qv, strict=True):
-        idx, scores = slb.scan(vec, 2)
+        idx, scores = scoring.top2(slb, vec, q.text)
         margins.append(margin(scores))
         right.append(slb.names[int(idx[0])] == q.tool)
     m, ok = np.asarray(margins), np.asarray(right)
@@ -93,21 +117,22 @@ def summary(cal: Calibration) -> dict[str, Any]:
 
 
 def whole_registry(name: str, registry: ToolRegistry, vectors: np.ndarray, qv: np.ndarray,
-                   queries: list[Query], heldout: np.ndarray, heldout_note: str,
-                   quick: bool) -> dict[str, Any]:
+                   queries: list[Query], heldout: np.ndarray, heldout_texts: list[str],
+                   heldout_note: str, quick: bool, weight: float) -> dict[str, Any]:
     """Calibrate one registry (tools and held-out), save the tools calibration, measure."""
     slb = build_slb(registry, vectors)
+    scoring = Scoring(registry, weight)
     t0 = time.perf_counter()
-    cal = calibrate(slb)
+    cal = scoring.calibrate(slb)
     seconds = time.perf_counter() - t0
-    alt = calibrate(slb, heldout)
+    alt = scoring.calibrate(slb, heldout, heldout_texts)
     path = result_path(f"calibration_{name}", quick)
     path.parent.mkdir(parents=True, exist_ok=True)
     cal.save(path)
     if Calibration.load(path) != cal:
         raise SystemExit(f"{path} does not round-trip")
-    tools_stats = gate_stats(slb, cal, qv, queries)
-    alt_stats = gate_stats(slb, alt, qv, queries)
+    tools_stats = gate_stats(slb, scoring, cal, qv, queries)
+    alt_stats = gate_stats(slb, scoring, alt, qv, queries)
     log(f"{name}: tau {cal.tau:.4f} cal-fire {cal.fire_rate:.3f} test-fire "
         f"{tools_stats['fire_rate_test']:.3f} caught {tools_stats['errors_escalated']:.3f} | "
         f"held-out tau {alt.tau:.4f} test-fire {alt_stats['fire_rate_test']:.3f}")
@@ -123,7 +148,8 @@ def whole_registry(name: str, registry: ToolRegistry, vectors: np.ndarray, qv: n
 
 
 def per_query_250(tools: list[Any], vectors: np.ndarray, qv: np.ndarray,
-                  queries: list[Query], heldout: np.ndarray, seed: int) -> dict[str, Any]:
+                  queries: list[Query], heldout: np.ndarray, heldout_texts: list[str],
+                  seed: int, weight: float) -> dict[str, Any]:
     """routing_accuracy's N = 250 registries: per-query tau, fire rate, error capture."""
     index = {t.qualified_name: i for i, t in enumerate(tools)}
     taus, alt_taus, cal_fire, fire, alt_fire, wrong, caught, alt_caught = ([] for _ in range(8))
@@ -132,8 +158,9 @@ def per_query_250(tools: list[Any], vectors: np.ndarray, qv: np.ndarray,
         idx = draw(len(tools), index[q.tool], SEAL_SAMPLE, seed, qi)
         registry = ToolRegistry([tools[i] for i in idx])
         slb = build_slb(registry, vectors[idx])
-        cal, alt = calibrate(slb), calibrate(slb, heldout)
-        top, scores = slb.scan(qv[qi], 2)
+        scoring = Scoring(registry, weight)
+        cal, alt = scoring.calibrate(slb), scoring.calibrate(slb, heldout, heldout_texts)
+        top, scores = scoring.top2(slb, qv[qi], q.text)
         m = margin(scores)
         bad = slb.names[int(top[0])] != q.tool
         taus.append(cal.tau)
@@ -187,7 +214,10 @@ def main() -> dict[str, Any]:
     parser = arg_parser("margin-gate tau and fire rate per registry")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
+                        help="the router's BM25 fusion weight (library default; 0: cosine only)")
     args = parser.parse_args()
+    weight = args.lexical_weight
     wall = time.perf_counter()
     embedder = Embedder.load()
     text_fn = TEXTS[TEXT]
@@ -203,8 +233,9 @@ def main() -> dict[str, Any]:
     gq = load_queries(GITHUB_QUERIES, github)[0]
     gqv = queries_of(gq)
     entries.append(whole_registry("github-mcp", github, vectors_of(list(github)), gqv, gq, gqv,
+                                  [q.text for q in gq],
                                   "the GitHub test queries themselves (transductive, label-free)",
-                                  args.quick))
+                                  args.quick, weight))
 
     seal = load_tools(SEAL_TOOLS)
     sq = load_queries(SEAL_DEV, seal)[0][: QUICK_QUERIES if args.quick else None]
@@ -224,19 +255,20 @@ def main() -> dict[str, Any]:
     fixed = None
     if inside:
         fixed = whole_registry("seal-250", sample_reg, pool_vectors[sample], queries_of(inside),
-                               inside, hv, note, args.quick)
-    per_query = per_query_250(pool, pool_vectors, sqv, sq, hv, args.seed)
+                               inside, hv, held, note, args.quick, weight)
+    per_query = per_query_250(pool, pool_vectors, sqv, sq, hv, held, args.seed, weight)
     log(f"seal-250 per-query draws: tau median {per_query['tools']['tau_median']:.4f} "
         f"test-fire {per_query['tools']['fire_rate_test']:.3f} "
         f"caught {per_query['tools']['errors_escalated']:.3f}")
     seal_250 = {"registry": "seal-250", "fixed_sample": fixed, **per_query}
     entries.append(seal_250)
     whole_name = "seal-4076" if not args.quick else f"seal-{len(pool)}"
-    entries.append(whole_registry(whole_name, ToolRegistry(pool), pool_vectors, sqv, sq, hv, note,
-                                  args.quick))
+    entries.append(whole_registry(whole_name, ToolRegistry(pool), pool_vectors, sqv, sq, hv, held,
+                                  note, args.quick, weight))
 
     result = {
         "config": {"text": TEXT, "query_prefix": PREFIX, "embedder": EMBEDDER_ID,
+                   "lexical_weight": weight,
                    "percentile": 20.0, "duplicate_quantile": 0.9, "seed": args.seed,
                    "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
         "registries": entries,

@@ -1,15 +1,17 @@
 """Benchmark: choose the reranker's retrieval weight and k on held-out queries (paper 1, routing).
 
-Contract: ``python bench/rerank_fusion.py [--quick] [--n 240] [--k-max 10]`` tunes the two
-settings of the library's default reranker,
+Contract: ``python bench/rerank_fusion.py [--quick] [--n 240] [--k-max 10] [--model M]
+[--tag T]`` (``M``: any ``nexus_mlx.load`` spec, recorded as ``model``) tunes the two settings
+of the library's default reranker,
 :class:`~nexus_mlx.routing.rerank.QueryLikelihoodReranker`: ``retrieval_weight`` (score = mean
 log-likelihood of the request after the tool's prompt + weight x SLB cosine) and the number of
 SLB candidates ``k`` it reorders. It uses only Seal-Tools ``dev-difficult`` queries (several gold
 calls each; a route is right when it picks any of them), never the ``dev-easy`` queries that
 ``bench/routing_accuracy.py`` scores, over the whole 4,076-tool pool (the hardest registry).
 
-For each query: the library SLB (INT8, ``words_params`` texts, ``"query: "`` prefix) gives the
-top ``--k-max`` candidates with cosines; the LLM likelihood of each is computed once (memoised on
+For each query: the library's first stage (INT8 SLB of ``words_params`` texts, ``"query: "``
+prefix, fused with BM25 over the same texts at ``--lexical-weight``, the library default; 0 for
+the cosine alone) gives the top ``--k-max`` candidates with their retrieval scores; the LLM likelihood of each is computed once (memoised on
 disk, shared with ``routing_accuracy``). Then every (k, weight) pair is scored without further
 LLM work: accuracy over all queries (every query reranked) and over the queries the calibrated
 gate escalates (margin < tau = ``calibrate(slb)``), with Wilson CIs. The choice maximises the
@@ -25,7 +27,7 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import arg_parser, emit  # noqa: I001  (loads nexus_mlx before mlx)
+from common import add_model_argument, arg_parser, emit, model_record  # nexus_mlx first
 
 import json
 import time
@@ -39,8 +41,9 @@ import nexus_mlx
 from nexus_mlx.tools.registry import load_tools
 from nexus_mlx.tools.tool import sanitize_name
 from nexus_mlx.routing.embedder import Embedder
-from nexus_mlx.routing.gate import calibrate
-from nexus_mlx.routing.router import QUERY_PREFIX
+from nexus_mlx.routing.gate import calibrate, top_scores
+from nexus_mlx.routing.lexical import BM25Index
+from nexus_mlx.routing.router import DEFAULT_LEXICAL_WEIGHT, QUERY_PREFIX
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_eval import (
     DEFAULT_CACHE,
@@ -61,12 +64,13 @@ QUICK_QUERIES = 12
 
 @dataclass(frozen=True)
 class Candidates:
-    """One held-out query: gold names, SLB top-k (names, cosines), LLM likelihoods, margin."""
+    """One held-out query: gold names, first-stage top-k (names, retrieval scores: cosines, fused
+    with BM25 when the lexical weight is positive), LLM likelihoods, margin."""
 
     query: str
     gold: frozenset[str]
     names: list[str]
-    cosines: np.ndarray  # (k,)
+    cosines: np.ndarray  # (k,) retrieval scores
     likelihoods: np.ndarray  # (k,)
     escalated: bool
 
@@ -119,7 +123,7 @@ def choose(cells: list[dict[str, Any]]) -> dict[str, Any]:
     return max(cells, key=lambda c: (round(c["accuracy_escalated"], 9), -c["k"], -c["weight"]))
 
 
-def draw_figure(result: dict[str, Any], quick: bool) -> None:
+def draw_figure(result: dict[str, Any], name: str, quick: bool) -> None:
     import plots
 
     fig, (ax, ax2) = plots.figure(2)
@@ -140,33 +144,39 @@ def draw_figure(result: dict[str, Any], quick: bool) -> None:
     ax.set_title(f"escalated queries (n={result['n_escalated']}); chosen k={chosen['k']}, "
                  f"w={chosen['weight']:g}", fontsize=9)
     ax2.set_title(f"all held-out queries (n={result['n_queries']}), 4,076 tools", fontsize=9)
-    plots.save(fig, NAME, quick)
+    plots.save(fig, name, quick)
 
 
 def main() -> dict[str, Any]:
     parser = arg_parser("tune the reranker's retrieval weight and k on held-out queries")
     parser.add_argument("--n", type=int, default=240, help="held-out queries (file order)")
     parser.add_argument("--k-max", type=int, default=10)
+    parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
+                        help="the first stage's BM25 fusion weight (library default)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--tag", default="")
+    add_model_argument(parser)
     args = parser.parse_args()
     wall = time.perf_counter()
     rows = heldout_rows(SEAL_DEV, QUICK_QUERIES if args.quick else args.n)
     registry = load_tools(SEAL_TOOLS)
     tools = list(registry)
     embedder = Embedder.load(query_prefix=QUERY_PREFIX)
-    vectors = embed_cached(embedder, [TEXTS["words_params"](t) for t in tools], "document",
-                           args.cache)
+    texts = [TEXTS["words_params"](t) for t in tools]
+    vectors = embed_cached(embedder, texts, "document", args.cache)
     queries = embed_cached(embedder, [QUERY_PREFIX + q for q, _ in rows], "query", args.cache)
     slb = SemanticLookasideBuffer(vectors.shape[1], EMBEDDER_ID)
     slb.add(registry.names(), vectors)
-    cal = calibrate(slb)
-    model, tokenizer = nexus_mlx.load("default")
+    weight = args.lexical_weight
+    lexical = BM25Index(texts) if weight > 0 else None
+    cal = calibrate(slb, lexical=lexical, lexical_weight=weight, query_texts=texts)
+    model, tokenizer = nexus_mlx.load(args.model)
     llm = StoredLikelihoodReranker(model, tokenizer, store=args.cache / "ql-scores.json")
     items = []
     for i, (text, gold) in enumerate(rows):
-        found = slb.lookup(queries[i], args.k_max)
-        names = [name for name, _ in found]
-        cosines = np.array([score for _, score in found])
+        rows, cosines = top_scores(slb, queries[i], args.k_max,
+                                   None if lexical is None else lexical.normalized(text), weight)
+        names = [slb.names[int(r)] for r in rows]
         likelihoods = np.array([llm.likelihood(text, registry.get(name)) for name in names])
         items.append(Candidates(text, gold, names, cosines, likelihoods,
                                 escalated=not cal.gate().auto_route(cosines)))
@@ -184,8 +194,10 @@ def main() -> dict[str, Any]:
                    "pool": str(SEAL_TOOLS), "pool_size": len(tools), "ks": ks,
                    "weights": list(WEIGHTS), "text": "words_params",
                    "query_prefix": QUERY_PREFIX, "embedder": EMBEDDER_ID,
-                   "llm": "SmolLM2-135M-Instruct Q4_1 (default)",
+                   "lexical_weight": args.lexical_weight,
+                   "llm": model_record(args.model, model)["model"],
                    "selection": "max escalated accuracy; ties: smaller k, smaller weight"},
+        **model_record(args.model, model),
         "n_queries": len(items),
         "n_escalated": len(escalated),
         "tau": cal.tau,
@@ -202,8 +214,9 @@ def main() -> dict[str, Any]:
     chosen = result["chosen"]
     log(f"chosen k={chosen['k']} weight={chosen['weight']}: escalated "
         f"{chosen['accuracy_escalated']:.3f} (SLB {slb_esc:.3f}), all {chosen['accuracy_all']:.3f}")
-    draw_figure(result, args.quick)
-    return emit(NAME, result, args.quick)
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    draw_figure(result, name, args.quick)
+    return emit(name, result, args.quick)
 
 
 if __name__ == "__main__":

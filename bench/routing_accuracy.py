@@ -1,7 +1,9 @@
 """Benchmark: end-to-end tool-routing accuracy against registry size (paper 1, routing table).
 
 Contract: ``python bench/routing_accuracy.py [--quick] [--registry PATH] [--queries PATH]
-[--sizes 10,50,...]`` routes every query against registries of N tools: its gold tool plus N - 1
+[--sizes 10,50,...] [--model M] [--tag T]`` (``M``, any ``nexus_mlx.load`` spec, runs the
+rerankers and the oracle; recorded as ``model``) routes every query against registries of N
+tools: its gold tool plus N - 1
 distractors drawn from the whole pool (seed ``--seed``, query index and N; gold at a random
 position), the same draw for every method; N = pool size is the whole pool in file order. The
 registry is a Seal-Tools ``tool.jsonl`` or an MCP-style ``tools.json``; queries are Seal-Tools
@@ -10,11 +12,13 @@ registry is a Seal-Tools ``tool.jsonl`` or an MCP-style ``tools.json``; queries 
 
 Per N it reports, over the same queries:
 
-- ``accuracy`` (Wilson 95% ``ci``): the library ``Router`` end to end: SLB top-k scan (INT8),
-  margin gate with ``tau`` from ``calibrate(slb)`` on that very registry (its tools' own texts as
-  the stand-in queries: the library default, no test query is looked at), and the reranker on
-  escalated queries only;
-- ``top1_recall`` / ``top3_recall``: the SLB scan alone; ``fire_rate``: share escalated;
+- ``accuracy`` (Wilson 95% ``ci``): the library ``Router`` end to end: SLB scan (INT8) fused
+  with BM25 over the same tool texts (``--lexical-weight``, the library default; 0 for the
+  cosine alone), top-k, margin gate with ``tau`` from ``calibrate`` on that very registry under
+  the same fusion (its tools' own texts as the stand-in queries: the library default, no test
+  query is looked at), and the reranker on escalated queries only;
+- ``top1_recall`` / ``top3_recall``: the first stage alone (the router's fused candidates);
+  ``fire_rate``: share escalated;
 - ``oracle``: the concatenate-all-schemas baseline: the LLM reads all N tools' full JSON schemas
   and the request, and each tool name is scored as in ``LLMReranker`` (mean log-probability as
   the continuation of the answer, here ``{"name": "``: see :class:`ConcatAllOracle`).
@@ -54,7 +58,7 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import arg_parser, emit  # noqa: I001  (loads nexus_mlx before mlx)
+from common import add_model_argument, arg_parser, emit, model_record  # nexus_mlx first
 
 import time
 from dataclasses import dataclass
@@ -69,7 +73,8 @@ from nexus_mlx.tools.tool import Tool
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, calibrate
 from nexus_mlx.routing.rerank import DEFAULT_RETRIEVAL_WEIGHT, LLMReranker
-from nexus_mlx.routing.router import DEFAULT_K, Router
+from nexus_mlx.routing.lexical import BM25Index, words
+from nexus_mlx.routing.router import DEFAULT_K, DEFAULT_LEXICAL_WEIGHT, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_eval import (
     CONTEXT_WINDOW,
@@ -121,20 +126,37 @@ class Setup:
     seed: int
     calibration: str
     heldout_vectors: np.ndarray | None = None
+    heldout_texts: list[str] | None = None
+    lexical_weight: float = 0.0
+    tool_texts: list[str] | None = None  # the text embedded (and BM25-indexed) per pool tool
+    tool_terms: list[list[str]] | None = None  # its BM25 terms
 
 
-def calibrate_registry(setup: Setup, slb: SemanticLookasideBuffer) -> Calibration:
-    """tau for this registry: its tools' texts as queries (default) or held-out queries."""
+def lexical_index(setup: Setup, idx: np.ndarray) -> BM25Index | None:
+    """The router's BM25 index over one drawn registry (None without fusion)."""
+    if setup.lexical_weight <= 0 or setup.tool_terms is None:
+        return None
+    return BM25Index.from_terms([setup.tool_terms[i] for i in idx])
+
+
+def calibrate_registry(setup: Setup, slb: SemanticLookasideBuffer, idx: np.ndarray,
+                       index: BM25Index | None) -> Calibration:
+    """tau for this registry, on the router's (fused) score: its tools' texts as queries
+    (default) or held-out queries."""
+    weight = setup.lexical_weight if index is not None else 0.0
     if setup.calibration == "heldout" and setup.heldout_vectors is not None:
-        return calibrate(slb, setup.heldout_vectors)
-    return calibrate(slb)
+        return calibrate(slb, setup.heldout_vectors, lexical=index, lexical_weight=weight,
+                         query_texts=setup.heldout_texts)
+    texts = None if setup.tool_texts is None else [setup.tool_texts[i] for i in idx]
+    return calibrate(slb, lexical=index, lexical_weight=weight, query_texts=texts)
 
 
 def run_cell(setup: Setup, n: int, oracle_n: int, oracle_max_tokens: int) -> dict[str, Any]:
     """Route every query at registry size ``n``; one cell of the table."""
     pool = len(setup.tools)
     dim = setup.vectors.shape[1]
-    shared: tuple[ToolRegistry, SemanticLookasideBuffer, Calibration] | None = None
+    shared: tuple[ToolRegistry, SemanticLookasideBuffer, Calibration, BM25Index | None] | None
+    shared = None
     rows: list[dict[str, Any]] = []
     taus, cal_fire = [], []
     oracle_rows: list[dict[str, Any]] = []
@@ -143,22 +165,25 @@ def run_cell(setup: Setup, n: int, oracle_n: int, oracle_max_tokens: int) -> dic
         gold = setup.index[query.tool]
         idx = draw(pool, gold, n, setup.seed, qi)
         if shared is not None:
-            registry, slb, cal = shared
+            registry, slb, cal, index = shared
         else:
             tools = [setup.tools[i] for i in idx]
             registry = ToolRegistry(tools)
             slb = SemanticLookasideBuffer(dim, EMBEDDER_ID)
             slb.add(registry.names(), setup.vectors[idx])
-            cal = calibrate_registry(setup, slb)
+            index = lexical_index(setup, idx)
+            cal = calibrate_registry(setup, slb, idx, index)
             if n >= pool:
-                shared = (registry, slb, cal)
+                shared = (registry, slb, cal, index)
         taus.append(cal.tau)
         cal_fire.append(cal.fire_rate)
         embedder = PrecomputedEmbedder(setup.query_vectors)
         row: dict[str, Any] = {"q": qi}
         for label, reranker in setup.rerankers.items():
             router = Router(registry, embedder, slb, cal.gate(),
-                            None if label == "none" else reranker, k=setup.k)
+                            None if label == "none" else reranker, k=setup.k,
+                            lexical_weight=setup.lexical_weight if index is not None else 0.0,
+                            lexical=index)
             decision = router.route(query.text)
             names = [name for name, _ in decision.candidates]
             if "rank" not in row:
@@ -334,11 +359,15 @@ def parse_args() -> Any:
     parser.add_argument("--retrieval-weight", type=float, default=DEFAULT_RETRIEVAL_WEIGHT,
                         help="ql's weight on the SLB cosine (the library default)")
     parser.add_argument("--calibration", choices=("tools", "heldout"), default="tools")
+    parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
+                        help="BM25 fusion weight of the router (the library default; 0: the "
+                             "SLB cosine alone)")
     parser.add_argument("--oracle-n", type=int, default=10)
     parser.add_argument("--oracle-max-tokens", type=int, default=CONTEXT_WINDOW)
     parser.add_argument("--no-levers", action="store_true")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embedding cache dir")
     parser.add_argument("--tag", default="", help="suffix of the result name")
+    add_model_argument(parser)
     return parser.parse_args()
 
 
@@ -368,13 +397,15 @@ def main() -> dict[str, Any]:
     text_fn = TEXTS[args.text]
     vectors = embed_cached(embedder, [text_fn(t) for t in pool_tools], "document", args.cache)
     qv = embed_cached(embedder, [args.query_prefix + q.text for q in queries], "query", args.cache)
-    heldout = None
+    heldout = heldout_text = None
     if args.calibration == "heldout":
-        heldout = embed_cached(embedder, [args.query_prefix + t for t in heldout_queries(SEAL_DEV)],
+        heldout_text = heldout_queries(SEAL_DEV)
+        heldout = embed_cached(embedder, [args.query_prefix + t for t in heldout_text],
                                "query", args.cache)
+    tool_texts = [text_fn(t) for t in pool_tools]
     timing["embed_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model, tokenizer = nexus_mlx.load("default")
+    model, tokenizer = nexus_mlx.load(args.model)
     timing["load_llm_s"] = time.perf_counter() - t0
     store = None if args.cache is None else args.cache / "ql-scores.json"
     available = {"ql": lambda: MemoReranker(StoredLikelihoodReranker(
@@ -401,6 +432,10 @@ def main() -> dict[str, Any]:
         seed=args.seed,
         calibration=args.calibration,
         heldout_vectors=heldout,
+        heldout_texts=heldout_text,
+        lexical_weight=args.lexical_weight,
+        tool_texts=tool_texts,
+        tool_terms=[words(t) for t in tool_texts],
     )
     # Correctness before measuring: the cached vectors are the embedder's, and the
     # precomputed query path equals embedding the query afresh.
@@ -437,16 +472,17 @@ def main() -> dict[str, Any]:
             "registry": str(args.registry), "queries": str(args.queries), "seed": args.seed,
             "text": args.text, "query_prefix": args.query_prefix, "k": args.k,
             "rerankers": labels, "retrieval_weight": args.retrieval_weight,
-            "calibration": args.calibration,
+            "calibration": args.calibration, "lexical_weight": args.lexical_weight,
             "calibration_note": "tau = calibrate(slb) per registry (20th percentile of "
-                                "adversarial margins; the tools' own texts stand in for "
-                                "queries)" if args.calibration == "tools" else
+                                "adversarial margins of the router's fused score; the tools' own "
+                                "texts stand in for queries)" if args.calibration == "tools" else
                                 "tau = calibrate(slb, held-out dev-difficult query vectors)",
-            "embedder": EMBEDDER_ID, "llm": "SmolLM2-135M-Instruct Q4_1 (default)",
+            "embedder": EMBEDDER_ID, "llm": model_record(args.model, model)["model"],
             "oracle_n": oracle_n, "oracle_max_tokens": oracle_max,
             "context_window": CONTEXT_WINDOW,
             "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         },
+        **model_record(args.model, model),
         "pool": {"name": args.registry.parent.name, "size": pool,
                  "quick_subset": bool(args.quick and pool < len(registry))},
         "n_queries": len(queries),

@@ -9,11 +9,12 @@ Contract:
   as unlabeled text; ``quick_pool`` cuts a pool to the queries' gold tools plus seeded others.
 - ``TEXTS`` maps a tool-text name (``name_desc``, ``params``, ``words_params``) to the text that
   is embedded for a tool; ``embed_cached`` is ``embedder.embed`` memoised on disk, keyed by
-  embedder id, ``max_length``, kind and texts.
+  the embedder's fingerprint (config, tokenizer, weights), ``max_length``, kind and texts.
 - ``draw(pool_size, gold, n, seed, query_index)`` is one registry of ``n`` tools (the gold one at
   a random position) and depends only on its arguments, so every method sees the same draws.
 - ``StoredLikelihoodReranker`` memoises the library's query-likelihood scores in a JSON file
-  across runs; ``MemoReranker`` memoises any reranker within a run; ``ConcatAllOracle`` scores
+  across runs, keyed by the model's fingerprint and the exact token ids it reads (another model,
+  tokenizer or template never reuses a score); ``MemoReranker`` memoises any reranker within a run; ``ConcatAllOracle`` scores
   names with every tool's full JSON schema in the prompt; ``oracle_tokens`` is its prompt
   length (a lower bound once it cannot fit ``CONTEXT_WINDOW``).
 - ``wilson(k, n)`` is the Wilson score 95% interval of ``k / n``.
@@ -44,6 +45,7 @@ import numpy as np
 
 from nexus_mlx.tools.registry import ToolRegistry, text_for_embedding
 from nexus_mlx.tools.tool import Tool, sanitize_name
+from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.decode.tool_call import CALL_PREFIX
@@ -139,9 +141,9 @@ def embed_cached(
     embedder: Embedder, texts: Sequence[str], kind: str, cache_dir: Path | None
 ) -> np.ndarray:
     """``embedder.embed(texts, kind=kind)``, read from ``cache_dir`` when computed before."""
-    key = hashlib.sha256(
-        json.dumps([EMBEDDER_ID, embedder.max_length, kind, list(texts)]).encode("utf-8")
-    ).hexdigest()[:32]
+    key = hashlib.sha256(json.dumps(
+        [EMBEDDER_ID, embedder.fingerprint, embedder.max_length, kind, list(texts)]
+    ).encode("utf-8")).hexdigest()[:32]
     path = None if cache_dir is None else cache_dir / f"emb-{key}.npy"
     if path is not None and path.is_file():
         vectors = np.load(path)
@@ -169,8 +171,10 @@ class PrecomputedEmbedder:
 
 class StoredLikelihoodReranker(QueryLikelihoodReranker):
     """The library's :class:`QueryLikelihoodReranker` whose (request, tool text) likelihoods are
-    memoised, and with ``store`` kept in a JSON file across runs (keys hash the prompt
-    template, tool text and request): draws at several N and reruns share the LLM work."""
+    memoised, and with ``store`` kept in a JSON file across runs: draws at several N and reruns
+    share the LLM work. A key hashes the model's fingerprint (architecture, shapes, weights
+    digest) with the token ids of the tool prompt and of the request, i.e. exactly what decides
+    the score: a second model (or tokenizer, or prompt template) gets its own entries."""
 
     def __init__(self, model: Any, tokenizer: Any, *, store: Path | None = None,
                  retrieval_weight: float = DEFAULT_RETRIEVAL_WEIGHT) -> None:
@@ -181,6 +185,7 @@ class StoredLikelihoodReranker(QueryLikelihoodReranker):
             self._scores = json.loads(store.read_text())
         self._unsaved = 0
         self.scored = 0
+        self.model_key = json.dumps(model_fingerprint(model).as_dict(), sort_keys=True)
 
     def flush(self) -> None:
         """Write the memo to ``store`` (atomically) if it changed."""
@@ -193,9 +198,14 @@ class StoredLikelihoodReranker(QueryLikelihoodReranker):
             os.replace(tmp, self.store)
             self._unsaved = 0
 
+    def score_key(self, query: str, tool: Tool) -> str:
+        """The store key of one (request, tool) score: model fingerprint and token ids."""
+        prompt = chat_prompt(self.tokenizer, QL_PROMPT.format(tool=tool_prose(tool)), QL_ANSWER)
+        request = list(self.tokenizer.encode(" " + query, add_special_tokens=False))
+        return hashlib.sha256(json.dumps([self.model_key, prompt, request]).encode()).hexdigest()[:32]
+
     def likelihood(self, query: str, tool: Tool) -> float:
-        key = hashlib.sha256(json.dumps([QL_PROMPT, QL_ANSWER, tool.qualified_name,
-                                         tool_prose(tool), query]).encode()).hexdigest()[:24]
+        key = self.score_key(query, tool)
         if key not in self._scores:
             self._scores[key] = super().likelihood(query, tool)
             self.scored += 1

@@ -1,13 +1,16 @@
 """Benchmark: arguments over the compressed IR vs a full-schema re-prefill (paper 1, sidecar).
 
-Contract: ``python bench/sidecar_accuracy.py [--quick] [--registry PATH] [--queries PATH]``
+Contract: ``python bench/sidecar_accuracy.py [--quick] [--registry PATH] [--queries PATH]
+[--model M] [--tag T]`` (``M``: any ``nexus_mlx.load`` spec, default SmolLM2; recorded as
+``model``)
 (default: the 117 GitHub MCP tools and ``bench/github_queries.jsonl``; Seal-Tools files work
 too). Every query goes through the whole pipeline:
 
 1. Route: the library ``Router`` over the whole registry: embedder with the query prefix
-   ``"query: "``, SLB of ``words_params`` tool texts, gate with ``tau = calibrate(slb)``, the
-   library's query-likelihood reranker fused with the SLB cosine (its default weight), on
-   escalated queries (the library's k).
+   ``"query: "``, SLB of ``words_params`` tool texts fused with BM25 over them
+   (``--lexical-weight``, the library default), gate with ``tau`` calibrated on the fused score,
+   the library's query-likelihood reranker fused with the retrieval score (its default weight),
+   on escalated queries (the library's k).
 2. Arguments: ``generate_tool_call`` on ``tool_call_prompt`` with the routed tool's IR
    signature (the name is forced; JSON constrained by the schema's grammar; greedy), with
    ``max_argument_tokens=64`` (``--max-argument-tokens``; the library's default is 160): greedy
@@ -45,7 +48,15 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import arg_parser, emit, median_ci, paper_reference, ratio_ci  # noqa: I001  (nexus_mlx before mlx)
+from common import (  # nexus_mlx before mlx
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paper_reference,
+    ratio_ci,
+)
 
 import time
 from collections.abc import Sequence
@@ -66,7 +77,8 @@ from nexus_mlx.models.tokenizer import chat_text
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import calibrate
 from nexus_mlx.tools.ir import ir_length_stats, tool_signature
-from nexus_mlx.routing.router import DEFAULT_K, Router
+from nexus_mlx.routing.lexical import BM25Index
+from nexus_mlx.routing.router import DEFAULT_K, DEFAULT_LEXICAL_WEIGHT, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_eval import (
     DEFAULT_CACHE,
@@ -269,8 +281,11 @@ def main() -> dict[str, Any]:
     parser.add_argument("--queries", type=Path, default=GITHUB_QUERIES)
     parser.add_argument("--n", type=int, default=0, help="first n queries (0: all)")
     parser.add_argument("--k", type=int, default=DEFAULT_K)
+    parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
+                        help="the router's BM25 fusion weight (library default; 0: cosine only)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--tag", default="")
+    add_model_argument(parser)
     parser.add_argument("--max-argument-tokens", type=int, default=64,
                         help="sampled argument tokens before closing (library default 160)")
     args = parser.parse_args()
@@ -282,14 +297,17 @@ def main() -> dict[str, Any]:
 
     embedder = Embedder.load(query_prefix=PREFIX)
     tools = list(registry)
-    vectors = embed_cached(embedder, [TEXTS[TEXT](t) for t in tools], "document", args.cache)
+    texts = [TEXTS[TEXT](t) for t in tools]
+    vectors = embed_cached(embedder, texts, "document", args.cache)
     slb = SemanticLookasideBuffer(vectors.shape[1], f"{EMBEDDER_ID}/{TEXT}",
                                   tools_digest=registry.digest())
     slb.add(registry.names(), vectors)
-    cal = calibrate(slb)
-    model, tokenizer = nexus_mlx.load("default")
+    lexical = BM25Index(texts) if args.lexical_weight > 0 else None
+    cal = calibrate(slb, lexical=lexical, lexical_weight=args.lexical_weight, query_texts=texts)
+    model, tokenizer = nexus_mlx.load(args.model)
     reranker = StoredLikelihoodReranker(model, tokenizer, store=args.cache / "ql-scores.json")
-    router = Router(registry, embedder, slb, cal.gate(), reranker, k=args.k)
+    router = Router(registry, embedder, slb, cal.gate(), reranker, k=args.k,
+                    lexical_weight=args.lexical_weight, lexical=lexical)
     budget = min(args.max_argument_tokens, QUICK_BUDGET) if args.quick else \
         args.max_argument_tokens
     first_argument = FirstArgument(model, tokenizer, budget)
@@ -362,6 +380,7 @@ def main() -> dict[str, Any]:
                          / sum(r["tool_tokens_full"] for r in per_query))
     ir_med, full_med = median_ci(ir_ms), median_ci(full_ms)
     payload: dict[str, Any] = {
+        **model_record(args.model, model),
         "registry_name": args.registry.parent.name,
         "registry": str(args.registry), "queries": str(args.queries),
         "n_queries": n, "skipped_queries": skipped,
@@ -413,6 +432,7 @@ def main() -> dict[str, Any]:
                     "met": {"speedup": speedup[0] >= TARGET_SPEEDUP,
                             "token_saving": tool_saving >= TARGET_SAVING}},
         "config": {"text": TEXT, "query_prefix": PREFIX, "k": args.k, "reranker": "ql",
+                   "lexical_weight": args.lexical_weight,
                    "calibration": "calibrate(slb): tools as queries", "decoding": "greedy",
                    "ir": "tool_signature, default IROptions (no descriptions)",
                    "max_argument_tokens": budget,

@@ -1,9 +1,12 @@
 """The registry-embedding disk cache: a second build of the same registry reads the vectors back
-(no embedder call) bit-identical, any changed text misses, corrupt files are ignored and
-rebuilt, writes are atomic and best effort, and the cache sits under ``$NEXUS_MLX_CACHE``."""
+(no embedder call) bit-identical, any changed text misses, another encoder (other weights under
+the same id) never shares an entry, an embedder without a fingerprint is not cached, corrupt
+files are ignored and rebuilt, writes are atomic and best effort, and the cache sits under
+``$NEXUS_MLX_CACHE``."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -29,9 +32,10 @@ class CountingEmbedder:
     document_prefix = ""
     max_length = 256
 
-    def __init__(self) -> None:
+    def __init__(self, fingerprint: str | None = "counting-1") -> None:
         self.document_texts = 0
         self.calls = 0
+        self.fingerprint = fingerprint
 
     def embed(self, texts, *, kind="document"):
         if kind == "document":
@@ -39,7 +43,8 @@ class CountingEmbedder:
             self.calls += 1
         rows = []
         for text in texts:
-            seed = int.from_bytes(hashlib.sha256(f"{kind}:{text}".encode()).digest()[:4], "little")
+            key = f"{self.fingerprint}:{kind}:{text}".encode()
+            seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
             rows.append(np.random.default_rng(seed).standard_normal(DIM))
         arr = np.asarray(rows, np.float32).reshape(len(texts), DIM)
         return arr / np.linalg.norm(arr, axis=1, keepdims=True)
@@ -190,3 +195,46 @@ def test_real_embedder_round_trip(tmp_path: Path):
     again = CachedDocumentEmbedder(embedder, "all-MiniLM-L6-v2", cache)
     assert np.array_equal(again.embed(texts), first) and again.hit is True
     np.testing.assert_allclose(first, embedder.embed(texts, kind="document"), atol=1e-5)
+
+
+def test_two_encoders_under_one_id_never_share_entries(tmp_path: Path):
+    cache = EmbeddingCache(tmp_path)
+    first, second = CountingEmbedder("weights-a"), CountingEmbedder("weights-b")
+    texts = _registry(4).texts_for_embedding()
+    a = CachedDocumentEmbedder(first, "same-name", cache).embed(texts)
+    wrapped = CachedDocumentEmbedder(second, "same-name", cache)
+    b = wrapped.embed(texts)
+    assert wrapped.hit is False and second.document_texts == 4  # embedded, not read back
+    assert not np.array_equal(a, b) and np.array_equal(b, second.embed(texts))
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+    again = CachedDocumentEmbedder(CountingEmbedder("weights-a"), "same-name", cache)
+    assert np.array_equal(again.embed(texts), a) and again.hit is True
+
+
+def test_an_embedder_without_a_fingerprint_is_never_cached(tmp_path: Path):
+    anonymous = CountingEmbedder(None)
+    wrapped = CachedDocumentEmbedder(anonymous, "e", EmbeddingCache(tmp_path))
+    texts = ["x", "y", "z"]
+    assert np.array_equal(wrapped.embed(texts), anonymous.embed(texts))
+    wrapped.embed(texts)
+    assert wrapped.hit is None and anonymous.document_texts == 9  # embedded every time
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_real_encoders_with_other_weights_miss(tmp_path: Path):
+    from nexus_mlx.routing.embedder import Embedder
+
+    embedder = Embedder.load()
+    assert embedder.fingerprint == Embedder.load().fingerprint  # same files, same identity
+    nudged_weights = dataclasses.replace(embedder.weights, word=embedder.weights.word * 1.01)
+    nudged = Embedder(embedder.config, nudged_weights, embedder.tokenizer,
+                      max_length=embedder.max_length)
+    shorter = Embedder.load(max_length=64)
+    assert len({embedder.fingerprint, nudged.fingerprint, shorter.fingerprint}) == 3
+    texts = _registry(3).texts_for_embedding()
+    cache = EmbeddingCache(tmp_path)
+    CachedDocumentEmbedder(embedder, "all-MiniLM-L6-v2", cache).embed(texts)
+    wrapped = CachedDocumentEmbedder(nudged, "all-MiniLM-L6-v2", cache)
+    vectors = wrapped.embed(texts)
+    assert wrapped.hit is False
+    np.testing.assert_allclose(vectors, nudged.embed(texts), atol=1e-5)

@@ -1,5 +1,6 @@
 """Margin gate, calibration, LLM rerankers and router on real parts: the MiniLM embedder, the
-INT8 SLB over the 117 GitHub MCP tools, and the default LLM."""
+INT8 SLB over the 117 GitHub MCP tools, BM25 fusion (the router's default), and the default
+LLM."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from nexus_mlx.errors import ArgumentError
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin
+from nexus_mlx.routing.lexical import BM25Index
 from nexus_mlx.routing.rerank import (
     QL_ANSWER,
     QL_PROMPT,
@@ -19,7 +21,13 @@ from nexus_mlx.routing.rerank import (
     chat_prompt,
     tool_prose,
 )
-from nexus_mlx.routing.router import DEFAULT_K, QUERY_PREFIX, Router, build_router
+from nexus_mlx.routing.router import (
+    DEFAULT_K,
+    DEFAULT_LEXICAL_WEIGHT,
+    QUERY_PREFIX,
+    Router,
+    build_router,
+)
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 
@@ -83,12 +91,75 @@ def test_router_escalates_to_the_llm_reranker(github, default_model):
     assert "rerank" in decision.timings
 
 
+def _fused_by_hand(registry, slb, vector, query, weight):
+    rows, cosines = slb.scan(vector, len(slb))
+    dense = np.empty(len(slb), np.float32)
+    dense[rows] = cosines
+    return dense + np.float32(weight) * BM25Index(registry.texts_for_embedding()).normalized(query)
+
+
+@pytest.mark.parametrize(("query", "dense_pick", "fused_pick"), [
+    ("List the CI workflows defined in acme/payments", "actions_get", "actions_list"),
+    ("List every release that nodejs/node has published", "get_release_by_tag", "list_releases"),
+    ("Make me a new private repo called budget-tracker",
+     "manage_repository_notification_subscription", "create_repository"),
+])
+def test_router_fuses_bm25_by_default(github, query, dense_pick, fused_pick):
+    registry, embedder, slb = github
+    fused = Router(registry, embedder, slb, MarginGate(0.0))
+    dense = Router(registry, embedder, slb, MarginGate(0.0), lexical_weight=0.0)
+    assert fused.lexical_weight == DEFAULT_LEXICAL_WEIGHT > 0 and dense.lexical is None
+    vector = embedder.embed([query], kind="query")[0]
+    plain = dense.route(query)
+    assert plain.candidates == slb.lookup(vector, DEFAULT_K)  # weight 0: the SLB scan as before
+    assert plain.lexical_weight == 0.0 and plain.chosen == dense_pick
+    decision = fused.route(query)
+    assert decision.chosen == fused_pick and decision.lexical_weight == DEFAULT_LEXICAL_WEIGHT
+    by_hand = _fused_by_hand(registry, slb, vector, query, DEFAULT_LEXICAL_WEIGHT)
+    order = np.argsort(-by_hand, kind="stable")[:DEFAULT_K]
+    assert [n for n, _ in decision.candidates] == [slb.names[i] for i in order]
+    np.testing.assert_allclose([s for _, s in decision.candidates], by_hand[order], rtol=1e-6)
+    assert decision.margin == pytest.approx(float(by_hand[order[0]] - by_hand[order[1]]),
+                                            abs=1e-6)
+
+
+def test_fused_calibration_takes_margins_on_the_fused_score(github):
+    registry, _, slb = github
+    texts = registry.texts_for_embedding()
+    index = BM25Index(texts)
+    cal = calibrate(slb, lexical=index, lexical_weight=0.6, query_texts=texts)
+    assert cal.lexical_weight == 0.6 and "BM25" in cal.describe()
+    tools = slb.vectors
+    adversarial = []
+    for i, q in enumerate(tools):
+        rows, cosines = slb.scan(q, len(slb))
+        dense = np.empty(len(slb), np.float32)
+        dense[rows] = cosines
+        fused = dense + np.float32(0.6) * index.normalized(texts[i])
+        a, b = np.argsort(-fused, kind="stable")[:2]
+        cos = tools[a] @ tools[b] / (np.linalg.norm(tools[a]) * np.linalg.norm(tools[b]))
+        if cos >= cal.duplicate_cosine - 1e-6:
+            adversarial.append(fused[a] - fused[b])
+    assert cal.n_adversarial == len(adversarial)
+    assert cal.tau == pytest.approx(np.percentile(adversarial, 20), abs=1e-6)
+    cal.check(slb, lexical_weight=0.6)
+    with pytest.raises(ArgumentError, match="lexical weight"):
+        cal.check(slb, lexical_weight=0.0)
+    assert calibrate(slb).lexical_weight == 0.0
+    with pytest.raises(ArgumentError, match="query text"):
+        calibrate(slb, lexical=index, lexical_weight=0.6)
+
+
 def test_router_rejects_mismatched_parts(github):
     registry, embedder, slb = github
     with pytest.raises(ArgumentError, match="differ"):
         Router(registry, embedder, SemanticLookasideBuffer(slb.dim, "x"), MarginGate(0.1))
     with pytest.raises(ArgumentError, match="k must"):
         Router(registry, embedder, slb, MarginGate(0.1), k=0)
+    with pytest.raises(ArgumentError, match="lexical_weight"):
+        Router(registry, embedder, slb, MarginGate(0.1), lexical_weight=-0.5)
+    with pytest.raises(ArgumentError, match="lexical index"):
+        Router(registry, embedder, slb, MarginGate(0.1), lexical=BM25Index(["a", "b"]))
 
 
 # -- the query-likelihood reranker and the default router --------------------------------------
@@ -141,6 +212,11 @@ def test_build_router_uses_the_tuned_defaults(github, default_model):
     router = build_router(registry, model, tokenizer, embedder=embedder)
     assert isinstance(router.reranker, QueryLikelihoodReranker)
     assert router.calibration is not None and router.gate.tau == router.calibration.tau
+    assert router.lexical_weight == DEFAULT_LEXICAL_WEIGHT and router.lexical is not None
+    assert router.calibration.lexical_weight == DEFAULT_LEXICAL_WEIGHT  # gate on fused margins
+    dense = build_router(registry, model, tokenizer, embedder=embedder, lexical_weight=0.0)
+    assert dense.lexical is None and dense.calibration is not None
+    assert dense.calibration.lexical_weight == 0.0
     assert router.slb.tools_digest == registry.digest()
     decision = router.route("Create a new GitHub repository called demo")
     assert decision.chosen == "create_repository"

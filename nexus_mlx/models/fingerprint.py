@@ -15,6 +15,7 @@ catches: a different checkpoint, seed, fine-tune, merged adapter, quantization o
 changes most elements of some tensor), any renamed or reshaped tensor. What it misses: an edit
 confined to a handful of elements that the sample skips. The digest reflects the weights at the
 first call; after replacing weights in place, call ``model_fingerprint(model, refresh=True)``.
+``arrays_digest(named_arrays)`` is the same digest for arrays that are not an mlx-lm model.
 
 It does not know about caches, RoPE, tokenizers or files.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -101,11 +103,18 @@ def _sample_bytes(array: mx.array) -> bytes:
     return picked.astype(picked.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def weights_digest(model: nn.Module) -> str:
-    """SHA-256 (hex) over every parameter's name, shape, dtype and strided element sample."""
-    params: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+def arrays_digest(named: Iterable[tuple[str, mx.array]]) -> str:
+    """SHA-256 (hex) over each ``(name, array)``'s name, shape, dtype and strided element sample,
+    in name order: the weights digest of any set of named arrays (an encoder that is not an
+    mlx-lm model, such as the routing embedder, uses it directly)."""
     digest = hashlib.sha256()
-    for name, array in sorted(params, key=lambda item: item[0]):
+    for name, array in sorted(named, key=lambda item: item[0]):
         digest.update(f"{name}\0{tuple(array.shape)}\0{array.dtype}\n".encode())
         digest.update(_sample_bytes(array))
     return digest.hexdigest()
+
+
+def weights_digest(model: nn.Module) -> str:
+    """:func:`arrays_digest` over every parameter of ``model``."""
+    params: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return arrays_digest(params)

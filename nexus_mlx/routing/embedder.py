@@ -8,6 +8,10 @@ over the text's non-padding tokens, so a text embeds the same alone or inside an
 truncated to ``max_length`` tokens (special tokens included); ``kind="query"`` or ``"document"``
 selects the configured prefix (both empty for MiniLM). All arithmetic is float32. Only mean
 pooling is implemented: a pooling config asking for another raises :class:`ModelFormatError`.
+``fingerprint`` (computed once per embedder) is the hex SHA-256 of what decides the vectors
+besides the text and the prefixes: the config, the tokenizer (its JSON, truncation included) and
+the weights (:func:`~nexus_mlx.models.fingerprint.arrays_digest`); caches keyed by content key
+on it, so two different encoders never share entries, whatever they are called.
 
 The encoder itself (config, weights, forward pass, pooling arithmetic) is
 :mod:`nexus_mlx.routing.bert`; this module adds the model folder, the tokenizer, prefixes and
@@ -19,7 +23,11 @@ anything. It evaluates arrays only to hand each batch's result to numpy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +36,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from nexus_mlx.errors import ModelFormatError, ModelNotFoundError
+from nexus_mlx.models.fingerprint import arrays_digest
 from nexus_mlx.routing.bert import (
     BertConfig,
     BertWeights,
@@ -138,6 +147,27 @@ def _pad_batch(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[mx.array, mx
     return mx.array(ids), mx.array(mask)
 
 
+def named_weights(weights: BertWeights) -> Iterator[tuple[str, mx.array]]:
+    """Every array of ``weights`` with a dotted name (``layers.3.qkv_w``)."""
+    for f in fields(weights):
+        if f.name == "layers":
+            for i, layer in enumerate(weights.layers):
+                for lf in fields(layer):
+                    yield f"layers.{i}.{lf.name}", getattr(layer, lf.name)
+        else:
+            yield f.name, getattr(weights, f.name)
+
+
+def encoder_fingerprint(config: BertConfig, weights: BertWeights, tokenizer: Tokenizer) -> str:
+    """Hex SHA-256 of the config, the tokenizer's JSON and the weights digest."""
+    digest = hashlib.sha256(b"nexus-mlx/embedder-fingerprint/1\n")
+    config_fields = {k: v for k, v in asdict(config).items() if k != "head_dim"}
+    digest.update(json.dumps(config_fields, sort_keys=True).encode())
+    digest.update(hashlib.sha256(tokenizer.to_str().encode("utf-8")).digest())
+    digest.update(arrays_digest(named_weights(weights)).encode())
+    return digest.hexdigest()
+
+
 class Embedder:
     """A loaded BERT sentence encoder; thread-compatible (no state changes after load)."""
 
@@ -193,6 +223,11 @@ class Embedder:
             query_prefix=query_prefix,
             document_prefix=document_prefix,
         )
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """:func:`encoder_fingerprint` of this encoder (computed on first use, then kept)."""
+        return encoder_fingerprint(self.config, self.weights, self.tokenizer)
 
     @property
     def dim(self) -> int:

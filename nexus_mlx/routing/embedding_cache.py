@@ -2,9 +2,11 @@
 
 Contract:
 - :func:`embedding_key` is the hex SHA-256 of everything that decides the vectors: the embedder
-  id, the embedder's document prefix and token limit (when it has them: they change the exact
-  text it reads), and the exact list of texts, in order, each length-prefixed. Any changed,
-  added, removed or reordered text gives another key; nothing else does.
+  id, the embedder's fingerprint (its config, tokenizer and weights:
+  :attr:`~nexus_mlx.routing.embedder.Embedder.fingerprint`), its document prefix and token limit
+  (they change the exact text it reads), and the exact list of texts, in order, each
+  length-prefixed. Any changed, added, removed or reordered text, or another encoder under the
+  same id, gives another key; nothing else does.
 - :class:`EmbeddingCache` keeps one ``<key>.npz`` per key in a folder (default
   ``<user cache dir>/embeddings``: ``$NEXUS_MLX_CACHE``, else ``$XDG_CACHE_HOME/nexus-mlx``, else
   ``~/.cache/nexus-mlx``, as :func:`nexus_mlx.models.packages.cache_dir`). ``read`` returns the
@@ -15,7 +17,9 @@ Contract:
 - :class:`CachedDocumentEmbedder` wraps any embedder: ``embed(texts, kind="document")`` is
   served from the cache when the key is there (the wrapped embedder is not called), else embeds
   (in chunks, reporting to an optional progress bar), stores and returns the vectors; query
-  embeddings pass straight through. ``hit`` records what the last document call did.
+  embeddings pass straight through. ``hit`` records what the last document call did. An
+  embedder without a ``fingerprint`` string cannot say which weights it runs, so it is never
+  cached (every call embeds; ``hit`` stays None): a name alone would let two encoders share.
 
 It does not know what a tool is, how the vectors are used, or when a cache file is obsolete:
 files of old registries stay until the user deletes the folder.
@@ -59,11 +63,19 @@ def default_folder() -> Path:
     return cache_dir() / "embeddings"
 
 
+def embedder_fingerprint(embedder: Any) -> str | None:
+    """The embedder's ``fingerprint`` (a non-empty string), or None when it has none."""
+    fingerprint = getattr(embedder, "fingerprint", None)
+    return fingerprint if isinstance(fingerprint, str) and fingerprint else None
+
+
 def embedder_salt(embedder: Any) -> str:
-    """The embedder settings that change its document vectors besides the text itself."""
+    """What changes the embedder's document vectors besides the text itself: its fingerprint,
+    document prefix and token limit."""
     prefix = getattr(embedder, "document_prefix", "")
     limit = getattr(embedder, "max_length", None)
-    return json.dumps({"document_prefix": prefix if isinstance(prefix, str) else repr(prefix),
+    return json.dumps({"fingerprint": embedder_fingerprint(embedder),
+                       "document_prefix": prefix if isinstance(prefix, str) else repr(prefix),
                        "max_length": limit if isinstance(limit, int) else None}, sort_keys=True)
 
 
@@ -149,6 +161,9 @@ class CachedDocumentEmbedder:
         if kind != "document":
             return np.asarray(self.embedder.embed(texts, kind=kind), dtype=np.float32)
         items = list(texts)
+        if embedder_fingerprint(self.embedder) is None:
+            self.hit = None
+            return self._embed_all(items)
         key = embedding_key(self.embedder_id, items, salt=embedder_salt(self.embedder))
         cached = self.cache.read(key, len(items))
         self.hit = cached is not None

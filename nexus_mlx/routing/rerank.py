@@ -92,7 +92,8 @@ class QueryLikelihoodReranker:
 
     ``score(t) = mean log p(request | QL_PROMPT with tool_prose(t), "Request:")
     + retrieval_weight * retrieval_score(t)``. Tool prompts are prefilled once and kept
-    (``max_prompts``, least recently used evicted): a warm candidate costs one forward pass
+    (``max_prompts``, least recently used evicted; keyed by the prompt text, so a tool whose
+    name or description changed is prefilled afresh): a warm candidate costs one forward pass
     over the request's tokens. That cache is mutable state: share one reranker between threads
     only under a lock (:class:`~nexus_mlx.agent.orchestrator.Agent` holds one per turn).
     """
@@ -108,11 +109,11 @@ class QueryLikelihoodReranker:
         self._prompts: OrderedDict[str, tuple[NexusCache, mx.array]] = OrderedDict()
 
     def _prompt(self, tool: Tool) -> tuple[NexusCache, mx.array]:
-        key = tool.qualified_name
+        key = QL_PROMPT.format(tool=tool_prose(tool))  # the text read: a changed tool misses
         if key in self._prompts:
             self._prompts.move_to_end(key)
             return self._prompts[key]
-        ids = chat_prompt(self.tokenizer, QL_PROMPT.format(tool=tool_prose(tool)), QL_ANSWER)
+        ids = chat_prompt(self.tokenizer, key, QL_ANSWER)
         cache = make_cache(self.model)
         last = forward(self.model, ids, cache, logits="last")[0]  # (1, V)
         mx.eval(last)

@@ -1,19 +1,26 @@
 """Route a request to a tool without reading the deep context (paper 1).
 
 Contract: ``Router(registry, embedder, slb, gate, reranker, k).route(query)`` embeds the query,
-scans the SLB for the top-k tools, and either auto-routes to the top-1 (margin >= tau) or, when
-the gate fires, lets the reranker reorder the top-k (it is given their SLB scores too). The
-:class:`RouteDecision` records every step (candidates with scores, margin, tau, whether it
-escalated, the reranker's scores) and its timings in seconds. The router depends only on the
-query text: it never reads the LLM's cache.
+scores every tool by its SLB cosine fused with BM25 over the tools' texts (``cosine +
+lexical_weight x BM25 / ceiling``, :mod:`~nexus_mlx.routing.lexical`; ``lexical_weight=0`` is
+the SLB scan alone, as before), keeps the top-k, and either auto-routes to the top-1 (margin >=
+tau) or, when the gate fires, lets the reranker reorder the top-k (it is given their retrieval
+scores too). The gate judges the same scores the router ranks by, so give it a tau calibrated
+under the same fusion (``calibrate(..., lexical=router.lexical, lexical_weight=...)``;
+:func:`build_router` does). The BM25 index is built from ``registry.texts_for_embedding()``
+(the texts the SLB embeds by default) unless ``lexical`` is given. The :class:`RouteDecision`
+records every step (candidates with scores, margin, tau, whether it escalated, the reranker's
+scores, the lexical weight) and its timings in seconds. The router depends only on the query
+text: it never reads the LLM's cache.
 
 :func:`build_router` assembles the tuned defaults from a registry and the LLM: MiniLM embedder
 with the ``"query: "`` query prefix, INT8 SLB of the tools' word-split texts, gate calibrated on
-the registry (tau 0, i.e. never escalate, when the registry is too small to calibrate), and the
-query-likelihood reranker fused with the SLB score. Every default was chosen on held-out
-queries (``bench/routing_accuracy.py``'s lever sweep, ``bench/rerank_fusion.py``). The tools'
+the registry under the router's fusion (tau 0, i.e. never escalate, when the registry is too
+small to calibrate), and the query-likelihood reranker fused with the retrieval score. Every
+default was chosen on held-out queries (``bench/routing_accuracy.py``'s lever sweep,
+``bench/rerank_fusion.py``, ``bench/routing_levers.py`` for the lexical weight). The tools'
 embeddings go through the on-disk :mod:`~nexus_mlx.routing.embedding_cache` (keyed by the
-embedder and the exact texts), so a registry is embedded once, not on every run.
+embedder's fingerprint and the exact texts), so a registry is embedded once, not on every run.
 
 An empty or whitespace-only request raises :class:`ArgumentError`: there is nothing to route.
 """
@@ -32,7 +39,8 @@ from nexus_mlx.routing.embedding_cache import (
     EmbeddingCache,
     ProgressFactory,
 )
-from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin
+from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin, top_scores
+from nexus_mlx.routing.lexical import BM25Index
 from nexus_mlx.routing.rerank import QueryLikelihoodReranker, Reranker
 from nexus_mlx.routing.slb import SemanticLookasideBuffer, TextEmbedder
 from nexus_mlx.tools.registry import ToolRegistry
@@ -44,6 +52,12 @@ QUERY_PREFIX = "query: "
 DEFAULT_K = 10
 """Candidates the reranker reorders: held-out top-10 recall 0.971 vs 0.938 at k = 5 (4,076 tools),
 escalated accuracy 0.842 vs 0.791 (``bench/rerank_fusion.py``)."""
+DEFAULT_LEXICAL_WEIGHT = 0.4
+"""Weight of the normalized BM25 score added to the cosine, chosen on the 78 hand-written GitHub
+MCP requests (``bench/routing_levers.py``: first-stage top-1 0.603 -> 0.731; any weight in
+0.1-1.0 beats the cosine alone) and held out on Seal-Tools: ``dev-easy`` 0.810 -> 0.895 over
+4,076 tools, 0.945 -> 0.970 over 250, ``dev-difficult`` 0.730 -> 0.810. Seal-Tools requests are
+generated from the tool descriptions, so tuned there BM25 would take every weight offered."""
 
 
 @dataclass
@@ -56,6 +70,7 @@ class RouteDecision:
     chosen: str
     reranked: list[tuple[str, float]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    lexical_weight: float = 0.0  # 0: the candidates' scores are SLB cosines alone
 
 
 class Router:
@@ -70,6 +85,8 @@ class Router:
         *,
         calibration: Calibration | None = None,
         embeddings_cached: bool | None = None,
+        lexical_weight: float = DEFAULT_LEXICAL_WEIGHT,
+        lexical: BM25Index | None = None,
     ) -> None:
         if len(registry) == 0:
             raise ArgumentError("cannot route over an empty tool registry")
@@ -77,10 +94,19 @@ class Router:
             raise ArgumentError("the SLB's tools differ from the registry's; rebuild the buffer")
         if k < 1:
             raise ArgumentError(f"k must be >= 1, got {k}")
+        if not isinstance(lexical_weight, int | float) or not 0 <= lexical_weight < float("inf"):
+            raise ArgumentError(f"lexical_weight must be finite and >= 0, got {lexical_weight!r}")
+        if lexical is not None and len(lexical) != len(registry):
+            raise ArgumentError(f"the lexical index has {len(lexical)} tools, the registry "
+                                f"{len(registry)}")
         self.registry, self.embedder, self.slb = registry, embedder, slb
         self.gate, self.reranker, self.k = gate, reranker, k
         self.calibration = calibration  # how ``gate`` was set, when known
         self.embeddings_cached = embeddings_cached  # tool vectors read from the disk cache?
+        self.lexical_weight = float(lexical_weight)
+        if lexical is None and self.lexical_weight > 0:
+            lexical = BM25Index(registry.texts_for_embedding())
+        self.lexical = lexical
 
     @on_mlx_thread  # shareable between threads: its MLX work runs on the one MLX thread
     def route(self, query: str, *, on_stage: Callable[[str], None] | None = None) -> RouteDecision:
@@ -94,12 +120,17 @@ class Router:
         vector = self.embedder.embed([query], kind="query")[0]
         timings["embed"] = time.perf_counter() - start
         start = time.perf_counter()
-        candidates = self.slb.lookup(vector, self.k)
+        weight = self.lexical_weight if self.lexical is not None else 0.0
+        lexical = self.lexical.normalized(query) if self.lexical is not None and weight else None
+        rows, found = top_scores(self.slb, vector, self.k, lexical, weight)
+        names = self.slb.names
+        candidates = [(names[int(i)], float(s)) for i, s in zip(rows, found, strict=True)]
         timings["scan"] = time.perf_counter() - start
         scores = [s for _, s in candidates]
         auto = self.gate.auto_route(scores) or self.reranker is None
         decision = RouteDecision(query, candidates, margin(scores), self.gate.tau,
-                                 escalated=not auto, chosen=candidates[0][0], timings=timings)
+                                 escalated=not auto, chosen=candidates[0][0], timings=timings,
+                                 lexical_weight=weight)
         if not auto:
             assert self.reranker is not None
             stage(f"gate fired: reranking {len(candidates)} candidates")
@@ -122,13 +153,15 @@ def build_router(
     k: int = DEFAULT_K,
     embedding_cache: EmbeddingCache | bool = True,
     progress: ProgressFactory | None = None,
+    lexical_weight: float = DEFAULT_LEXICAL_WEIGHT,
 ) -> Router:
     """A :class:`Router` with the library's defaults (module docstring); ``embedder`` (an
     :class:`~nexus_mlx.routing.embedder.Embedder`, loaded with ``QUERY_PREFIX`` when omitted;
     ``embedder_id`` names it in the SLB, the calibration and the embedding cache) and
     ``reranker`` (default: :class:`QueryLikelihoodReranker` on ``model``) can be given.
     ``embedding_cache``: True for the user cache folder, False to embed without one, or an
-    :class:`EmbeddingCache`; ``progress`` makes a progress bar for the tools a cache miss embeds."""
+    :class:`EmbeddingCache`; ``progress`` makes a progress bar for the tools a cache miss embeds;
+    ``lexical_weight`` is the BM25 fusion (0: the SLB cosine alone, the router before fusion)."""
     if len(registry) == 0:
         raise ArgumentError("cannot route over an empty tool registry")
     if embedder is None:
@@ -140,9 +173,12 @@ def build_router(
         cache = embedding_cache if isinstance(embedding_cache, EmbeddingCache) else None
         documents = CachedDocumentEmbedder(embedder, embedder_id, cache, progress=progress)
     slb = SemanticLookasideBuffer.from_registry(registry, documents, embedder_id=embedder_id)
+    texts = registry.texts_for_embedding()
+    lexical = BM25Index(texts) if lexical_weight > 0 else None
     calibration: Calibration | None
     try:
-        calibration = calibrate(slb)
+        calibration = calibrate(slb, lexical=lexical, lexical_weight=lexical_weight,
+                                query_texts=texts)
         gate = calibration.gate()
     except ArgumentError:
         calibration, gate = None, MarginGate(0.0)
@@ -150,4 +186,4 @@ def build_router(
         reranker = QueryLikelihoodReranker(model, tokenizer)
     cached = documents.hit if isinstance(documents, CachedDocumentEmbedder) else None
     return Router(registry, embedder, slb, gate, reranker, k=k, calibration=calibration,
-                  embeddings_cached=cached)
+                  embeddings_cached=cached, lexical_weight=lexical_weight, lexical=lexical)

@@ -22,7 +22,12 @@ Contract: ``signature("create_repository", schema)`` returns e.g.
   rendered as their last path segment (``Node``) when that is an identifier, else ``any``;
 - defaults as `` = value`` (JSON literal); literals longer than ``max_literal_chars`` are cut
   with ``…``; with ``max_desc_chars`` set, every parameter gets an inline ``/* description */``
-  cut to that many characters and the tool description is appended as ``// description``.
+  cut to that many characters and the tool description is appended as ``// description``;
+- without descriptions (the default), a top-level parameter keeps its *format hint* as
+  ``/* hint */``: the words of its schema that decide how the value is written (IANA timezone
+  name, ``HH:MM``, ISO 8601, examples, choices, a stated default), at most ``max_hint_chars``
+  characters (:func:`nexus_mlx.tools.hints.format_hint`; ``max_hint_chars=0`` drops them).
+  A parameter whose schema fixes no format gets none, so such signatures stay as they were.
 
 :func:`tool_signature` names a tool by its ``qualified_name`` (``server.name``) when it has one.
 The output is a single line (every line-breaking character is escaped or collapsed) and a pure
@@ -48,6 +53,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from nexus_mlx.errors import ToolError
+from nexus_mlx.tools.hints import format_hint
 
 MAX_HOPS = 32
 """Hard limit on nested schema levels visited (objects, arrays, unions and ``$ref`` hops alike)."""
@@ -68,6 +74,7 @@ class IROptions:
     max_props: int = 12
     max_literal_chars: int = 32
     max_desc_chars: int | None = None
+    max_hint_chars: int = 48
     max_nodes: int = 1000
     required_first: bool = True
 
@@ -329,6 +336,10 @@ class _Renderer:
         if self.opt.max_desc_chars and isinstance(description, str) and description.strip():
             note = _cut(_one_line(description), self.opt.max_desc_chars).replace("*/", "* /")
             text += f" /* {note} */"
+        elif not self.opt.max_desc_chars:
+            hint = _escape_breaks(format_hint(sub, self.opt.max_hint_chars))
+            if hint:
+                text += f" /* {hint} */"
         return text
 
 
