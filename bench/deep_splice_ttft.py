@@ -1,13 +1,15 @@
 """Deep-splice time-to-first-token: splice + depth-adaptive repair vs re-prefill (paper 1, Table III).
 
-Contract: ``python bench/deep_splice_ttft.py [--quick]``. A history of ``n_past`` tokens (system
+Contract: ``python bench/deep_splice_ttft.py [--quick] [--model M] [--tag T]`` (``M``: any ``nexus_mlx.load`` spec, default SmolLM2; the result records the model run and goes
+to ``results/deep_splice_ttft[_<tag>].json``). A history of ``n_past`` tokens (system
 prompt + GitHub conversation) is prefilled once per depth; every trial forks it, outside the timed
 region, once per arm. Then one GitHub MCP tool schema (``add_sub_issue``, 235 tokens) and a user
 request for it go on top:
 - prefill arm: prefill schema + request as text, take the argmax of the last logits;
 - splice arms (one per entry of ``REPAIRS``): splice the compiled block (compiled once, outside
-  timing, after the same system prompt, so ``m0`` = its length), repair the seam as the arm's curve
-  says, prefill the request, take the argmax.
+  timing, after the same system prompt, so ``m0`` = its length) with the request appended, so the
+  seam repair rows the arm's curve asks for and the request advance through each layer together
+  in one forward pass (``splice(..., append=request)``), take the argmax of its logits.
 TTFT stops when the first generated token is evaluated. Arms are interleaved trial by trial (their
 order rotates) because the machine is shared. Before timing, each depth runs every arm once
 untimed, compares its first-token distribution with the prefill arm's (KL in nats, top-1
@@ -16,15 +18,26 @@ the block must match the prefill, or the script stops. Then one more warm-up rou
 records the load average at start and end: the machine is shared, so read the ratios.
 
 JSON ``{"cells": [{"n_past", "K", "curve", "R_pct", "recomputed", "prefill_ms", "splice_ms",
-"speedup", "speedup_ci", "top1_ok", "kl", ...}]}``; PNG: speedup with 95% CIs and TTFT per depth.
+"speedup", "speedup_ci", "top1_ok", "kl", "splice_stage_ms" (validate / select / copy / repair =
+the one forward pass of repair rows + request), "kv_bytes", "peak_rss_mib", ...}]}``; PNG:
+speedup with 95% CIs and TTFT per depth.
 ``--quick``: n_past {256, 512}, K = 4 only, 3 trials.
 """
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, paper_reference, ratio_ci  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paper_reference,
+    ratio_ci,
+)
 
 import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +85,7 @@ class Repair:
 
 def curve_repair(name: str, curve: Curve) -> Repair:
     def run(model: nn.Module, cache: NexusCache, block: CompiledBlock, query: list[int]) -> SpliceResult:
-        return splice(model, cache, block, curve=curve)
+        return splice(model, cache, block, curve=curve, append=query)
 
     return Repair(name, run, curve.K)
 
@@ -81,7 +94,8 @@ def sur_repair(tokenizer: Any) -> Repair:
     """Query-directed seam repair: the K=4 curve's budget spent on SUR-chosen block tokens."""
 
     def run(model: nn.Module, cache: NexusCache, block: CompiledBlock, query: list[int]) -> SpliceResult:
-        return splice(model, cache, block, curve="sur", query=query, tokenizer=tokenizer)
+        return splice(model, cache, block, curve="sur", query=query, tokenizer=tokenizer,
+                      append=query)
 
     return Repair("sur", run, None)
 
@@ -107,10 +121,10 @@ def prefill_turn(model, cache, schema: list[int], query: list[int]) -> tuple[mx.
 
 def splice_turn(model, cache, repair: Repair, block: CompiledBlock,
                 query: list[int]) -> tuple[mx.array, SpliceResult]:
-    result = repair.run(model, cache, block, query)
-    logits = forward(model, query, cache, logits="last")  # (1, 1, vocab)
-    first_token(logits)
-    return logits, result
+    result = repair.run(model, cache, block, query)  # the request runs in the repair's pass
+    assert result.logits is not None
+    first_token(result.logits)  # (1, 1, vocab)
+    return result.logits, result
 
 
 def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[dict[str, Any]]:
@@ -172,7 +186,7 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
         med, lo, hi = median_ci(times[rep.name])
         speedup, s_lo, s_hi = ratio_ci(times["prefill"], times[rep.name])
         stage_ms = {k: float(np.median([t.get(k, 0.0) for t in stages[rep.name]]) * 1e3)
-                    for k in ("validate", "copy", "repair")}
+                    for k in ("validate", "select", "copy", "repair")}
         cells.append({
             "n_past": n_past, "K": rep.K, "curve": rep.name, "R_pct": res.r_pct,
             "recomputed": res.recomputed, "path": res.path, "delta": res.delta,
@@ -180,6 +194,8 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
             "splice_ms": med, "splice_ci": [lo, hi],
             "speedup": speedup, "speedup_ci": [s_lo, s_hi],
             "top1_ok": same, "kl": kl, "splice_stage_ms": stage_ms,
+            "kv_bytes": base.nbytes, "peak_rss_mib": resource.getrusage(
+                resource.RUSAGE_SELF).ru_maxrss / 1024,
             "prefill_trials_ms": times["prefill"], "splice_trials_ms": times[rep.name],
         })
         print(f"n_past {n_past:5d} {rep.name:5s}: R {res.r_pct:6.2f}% prefill {pre_med:7.1f} ms "
@@ -188,7 +204,7 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
     return cells
 
 
-def draw(cells: list[dict[str, Any]], repairs: list[Repair], quick: bool) -> None:
+def draw(cells: list[dict[str, Any]], repairs: list[Repair], name: str, quick: bool) -> None:
     fig, (ax_s, ax_t) = plots.figure(2)
     depths = sorted({c["n_past"] for c in cells})
     width = 0.8 / max(len(repairs), 1)
@@ -225,15 +241,18 @@ def draw(cells: list[dict[str, Any]], repairs: list[Repair], quick: bool) -> Non
     ax_t.set_ylabel("time to first token (ms, median)")
     ax_t.set_title("TTFT")
     ax_t.legend()
-    plots.save(fig, NAME, quick)
+    plots.save(fig, name, quick)
 
 
 def main() -> dict[str, object]:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
     depths = QUICK_DEPTHS if args.quick else DEPTHS
     trials = QUICK_TRIALS if args.quick else TRIALS
     load_start = os.getloadavg()
-    model, tokenizer = load("default")
+    model, tokenizer = load(args.model)
     repairs = (REPAIRS[:1] if args.quick else REPAIRS) + [sur_repair(tokenizer)]
     tool = load_tools()[TOOL]
     block = compile_block(model, tokenizer, schema_text(tool), context=system_ids(tokenizer))
@@ -241,9 +260,10 @@ def main() -> dict[str, object]:
     cells = []
     for n_past in depths:
         cells += run_depth(model, tokenizer, block, query, n_past, repairs, trials)
-    draw(cells, repairs, args.quick)
-    return emit(NAME, {
-        "model": "default (SmolLM2-135M-Instruct, float32)",
+    name = NAME + (f"_{args.tag}" if args.tag else "")
+    draw(cells, repairs, name, args.quick)
+    return emit(name, {
+        **model_record(args.model, model),
         "tool": TOOL, "block_tokens": block.num_tokens, "block_m0": block.m0,
         "query_tokens": len(query), "trials": trials, "warmup_rounds": 1 + WARMUP_ROUNDS,
         "ttft": "fork outside timing; splice + repair + request prefill + argmax evaluated",

@@ -1,22 +1,49 @@
 """Prefill and decode throughput of the default model: nexus engine vs mlx-lm's own forward.
 
-Both arms run the same weights (float32 on CPU) on the same tokens, interleaved trial by trial.
-Correctness first: last-token logits agree and greedy decodes are identical before any timing.
-JSON: {"prefill": [{"tokens", "nexus_tok_s", "mlx_lm_tok_s", "ratio", "ratio_ci"}],
-       "decode": {"tokens", "nexus_tok_s", "mlx_lm_tok_s", "ratio", "ratio_ci"}, "max_logit_diff"}
+Both arms run the same weights (float32 on CPU) on the same tokens, interleaved trial by trial
+(the machine is shared: read the ratios; the load average is recorded).
+- Prefill of N tokens into an empty cache, chunked as each library chunks a long prompt: nexus
+  ``forward`` (runs of ``PREFILL_CHUNK`` in position order), mlx-lm's model called on chunks of its
+  ``prefill_step_size`` (2,048, the default of ``generate_step``) with the cache evaluated after
+  each, as ``generate_step`` does. Time ends when the last token's logits are evaluated.
+- Decode: ``nexus_mlx.decode.generate_tokens`` against ``mlx_lm.generate_step`` (both greedy,
+  both pipelined with ``mx.async_eval``), after the same prompt, for ``n_decode`` tokens; timed
+  from the first token to the last (the decode steps only), tokens/s = (n_decode - 1) / time.
+Correctness first: last-token logits agree (max |diff| recorded) and the greedy tokens of both
+decoders are identical before any timing. Memory: K/V bytes of each prefill and the peak RSS.
+JSON: {"prefill": [{"tokens", "nexus_ms", "mlx_lm_ms", "ratio", "ratio_ci", "kv_bytes"}],
+       "decode": [{"context", "tokens", "nexus_tok_s", "mlx_lm_tok_s", "ratio", "ratio_ci"}],
+       "max_logit_diff", "peak_rss_mib", "loadavg"}; ratio > 1: nexus faster.
+``--quick``: 128 and 1,024 tokens, 3 trials, 8 decode tokens; ``--lengths`` overrides the lengths;
+``--model M`` runs any ``nexus_mlx.load`` spec (default SmolLM2), ``--tag T`` writes
+``results/engine_<T>.json``.
 """
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + fast BLAS
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    ratio_ci,
+)
 
+import os
+import resource
 import time
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from nexus_mlx import forward, load, make_cache
+from nexus_mlx import load, make_cache
+from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.models.forward import PREFILL_CHUNK, forward
+
+MLX_LM_STEP = 2048  # mlx_lm.generate_step's default prefill_step_size
 
 
 def _prefill_nexus(model, tokens):
@@ -28,27 +55,33 @@ def _prefill_nexus(model, tokens):
 
 def _prefill_mlx_lm(model, tokens):
     cache = make_prompt_cache(model)
-    out = model(mx.array(tokens)[None], cache=cache)[:, -1:, :]
+    ids = mx.array(tokens)
+    for start in range(0, len(tokens), MLX_LM_STEP):
+        out = model(ids[start:start + MLX_LM_STEP][None], cache=cache)
+        if start + MLX_LM_STEP < len(tokens):
+            mx.eval([c.state for c in cache])
+    out = out[:, -1:, :]
     mx.eval(out)
     return out[0, -1], cache
 
 
-def _decode_nexus(model, cache, first, n):
-    tok, out = first, []
-    for _ in range(n):
-        logits = forward(model, [tok], cache, logits="last")
-        tok = int(mx.argmax(logits[0, -1]).item())
-        out.append(tok)
-    return out
+def _drain(tokens) -> tuple[list[int], float]:
+    """Consume a token generator: the ids and the ms from the first id to the last (the decode
+    steps alone; the prompt's prefill is before the first id)."""
+    out, first = [], 0.0
+    for tok in tokens:
+        if not out:
+            first = time.perf_counter()
+        out.append(int(tok))
+    return out, (time.perf_counter() - first) * 1e3
 
 
-def _decode_mlx_lm(model, cache, first, n):
-    tok, out = first, []
-    for _ in range(n):
-        logits = model(mx.array([[tok]]), cache=cache)
-        tok = int(mx.argmax(logits[0, -1]).item())
-        out.append(tok)
-    return out
+def _decode_nexus(model, prompt, n):
+    return _drain(generate_tokens(model, prompt, make_cache(model), max_tokens=n))
+
+
+def _decode_mlx_lm(model, prompt, n):
+    return _drain(tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n))
 
 
 def _timed(fn):
@@ -57,12 +90,61 @@ def _timed(fn):
     return (time.perf_counter() - start) * 1e3, result
 
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prefill_row(model, tokens, trials):
+    nexus_ms, ref_ms = [], []
+    for trial in range(trials):  # interleaved, alternating which arm goes first
+        arms = [(_prefill_nexus, nexus_ms), (_prefill_mlx_lm, ref_ms)]
+        for fn, sink in arms if trial % 2 == 0 else arms[::-1]:
+            sink.append(_timed(lambda f=fn: f(model, tokens))[0])
+    ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)  # > 1: nexus faster
+    n = len(tokens)
+    return {
+        "tokens": n, "nexus_ms": median_ci(nexus_ms)[0], "mlx_lm_ms": median_ci(ref_ms)[0],
+        "nexus_tok_s": n / (median_ci(nexus_ms)[0] / 1e3),
+        "mlx_lm_tok_s": n / (median_ci(ref_ms)[0] / 1e3),
+        "ratio": ratio, "ratio_ci": [lo, hi], "nexus_trials_ms": nexus_ms,
+        "mlx_lm_trials_ms": ref_ms,
+    }
+
+
+def decode_row(model, prompt, n_decode, trials):
+    ours, ref = _decode_nexus(model, prompt, n_decode)[0], _decode_mlx_lm(model, prompt, n_decode)[0]
+    if ours != ref:
+        raise SystemExit(f"greedy decodes differ after {len(prompt)} tokens: {ours} vs {ref}")
+    nexus_ms, ref_ms = [], []
+    for trial in range(trials):
+        arms = [(_decode_nexus, nexus_ms), (_decode_mlx_lm, ref_ms)]
+        for fn, sink in arms if trial % 2 == 0 else arms[::-1]:
+            sink.append(fn(model, prompt, n_decode)[1])
+    ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)
+    steps = n_decode - 1
+    return {
+        "context": len(prompt), "tokens": n_decode,
+        "nexus_tok_s": steps / (median_ci(nexus_ms)[0] / 1e3),
+        "mlx_lm_tok_s": steps / (median_ci(ref_ms)[0] / 1e3),
+        "ratio": ratio, "ratio_ci": [lo, hi], "greedy_identical": True,
+        "nexus_trials_ms": nexus_ms, "mlx_lm_trials_ms": ref_ms,
+    }
+
+
 def main() -> None:
-    args = arg_parser(__doc__.splitlines()[0]).parse_args()
-    lengths = [128] if args.quick else [256, 1024]
+    parser = arg_parser(__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default=None, help="comma-separated prefill lengths")
+    parser.add_argument("--tag", default="")
+    add_model_argument(parser)
+    args = parser.parse_args()
+    lengths = [128, 1024] if args.quick else [256, 1024, 4096, 8192]
+    if args.lengths:
+        lengths = [int(x) for x in args.lengths.split(",")]
     trials = 3 if args.quick else 10
+    long_trials = 3 if args.quick else 5  # 4K and 8K trials take tens of seconds each
     n_decode = 8 if args.quick else 32
-    model, tokenizer = load("default")
+    load_start = os.getloadavg()
+    model, tokenizer = load(args.model)
     rng = np.random.default_rng(0)
     vocab = model.args.vocab_size
 
@@ -70,45 +152,34 @@ def main() -> None:
     max_diff = 0.0
     for n in lengths:
         tokens = rng.integers(0, vocab, size=n).tolist()
-        a, _ = _prefill_nexus(model, tokens)
+        a, cache = _prefill_nexus(model, tokens)
         b, _ = _prefill_mlx_lm(model, tokens)
-        max_diff = max(max_diff, float(mx.abs(a - b).max()))
-        nexus_ms, ref_ms = [], []
-        _prefill_nexus(model, tokens), _prefill_mlx_lm(model, tokens)  # warm-up
-        for _ in range(trials):  # interleaved
-            nexus_ms.append(_timed(lambda t=tokens: _prefill_nexus(model, t))[0])
-            ref_ms.append(_timed(lambda t=tokens: _prefill_mlx_lm(model, t))[0])
-        ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)  # > 1: nexus faster
-        prefill_rows.append({
-            "tokens": n,
-            "nexus_ms": median_ci(nexus_ms)[0], "mlx_lm_ms": median_ci(ref_ms)[0],
-            "nexus_tok_s": n / (median_ci(nexus_ms)[0] / 1e3),
-            "mlx_lm_tok_s": n / (median_ci(ref_ms)[0] / 1e3),
-            "ratio": ratio, "ratio_ci": [lo, hi],
-        })
+        diff = float(mx.abs(a - b).max())
+        max_diff = max(max_diff, diff)
+        row = prefill_row(model, tokens, trials if n <= 1024 else long_trials)
+        row.update({"max_logit_diff": diff, "kv_bytes": cache.nbytes,
+                    "peak_rss_mib": peak_rss_mib()})
+        prefill_rows.append(row)
+        print(f"prefill {n:5d}: nexus {row['nexus_ms']:8.1f} ms, mlx-lm {row['mlx_lm_ms']:8.1f} "
+              f"ms, ratio {row['ratio']:.2f}x [{row['ratio_ci'][0]:.2f}, {row['ratio_ci'][1]:.2f}]",
+              flush=True)
 
-    prompt = rng.integers(0, vocab, size=64).tolist()
-    first = int(mx.argmax(_prefill_nexus(model, prompt)[0]).item())
-    same = _decode_nexus(model, _prefill_nexus(model, prompt)[1], first, n_decode) == _decode_mlx_lm(
-        model, _prefill_mlx_lm(model, prompt)[1], first, n_decode)
-    if not same:
-        raise SystemExit("greedy decodes differ between the nexus engine and mlx-lm")
-    nexus_ms, ref_ms = [], []
-    for _ in range(trials):
-        cache = _prefill_nexus(model, prompt)[1]
-        nexus_ms.append(_timed(lambda c=cache: _decode_nexus(model, c, first, n_decode))[0])
-        ref_cache = _prefill_mlx_lm(model, prompt)[1]
-        ref_ms.append(_timed(lambda c=ref_cache: _decode_mlx_lm(model, c, first, n_decode))[0])
-    ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)
-    decode = {
-        "tokens": n_decode,
-        "nexus_tok_s": n_decode / (median_ci(nexus_ms)[0] / 1e3),
-        "mlx_lm_tok_s": n_decode / (median_ci(ref_ms)[0] / 1e3),
-        "ratio": ratio, "ratio_ci": [lo, hi],
-    }
-    emit("engine", {"model": "default (SmolLM2-135M-Instruct, float32)", "trials": trials,
-                    "prefill": prefill_rows, "decode": decode, "max_logit_diff": max_diff,
-                    "greedy_identical": same}, args.quick)
+    decode_rows = []
+    contexts = [64] if args.quick else [64, 1024]
+    for n in contexts:
+        prompt = rng.integers(0, vocab, size=n).tolist()
+        row = decode_row(model, prompt, n_decode, trials)
+        decode_rows.append(row)
+        print(f"decode after {n:5d}: nexus {row['nexus_tok_s']:.2f} tok/s, mlx-lm "
+              f"{row['mlx_lm_tok_s']:.2f} tok/s, ratio {row['ratio']:.2f}x", flush=True)
+    emit("engine" + (f"_{args.tag}" if args.tag else ""), {
+                    **model_record(args.model, model), "trials": trials,
+                    "long_trials": long_trials, "nexus_chunk": PREFILL_CHUNK,
+                    "mlx_lm_prefill_step": MLX_LM_STEP, "prefill": prefill_rows,
+                    "decode": decode_rows, "max_logit_diff": max_diff,
+                    "greedy_identical": True, "peak_rss_mib": peak_rss_mib(),
+                    "loadavg": {"start": list(load_start), "end": list(os.getloadavg())}},
+         args.quick)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,23 @@ bootstrap CI of the speedup. ``--quick``: N = 2K only, 1 warm-up and 3 trials, a
 cache is one prefilled 256-token text tiled to N rows (keys re-rotated to their positions):
 real K/V magnitudes, the same refresh cost, a fraction of the prefill time. (Random normal K/V
 do not work for the equality check: their extreme attention logits amplify rounding to ~3e-3.)
+Floor: each cell prints and records the packed pass's FLOP floor (its FLOPs over the fp32 GEMM
+rate measured beside the cell, ``roofline.py``), ``packed_over_floor`` (target <= 2) and the ideal
+packed/sequential ratio the same count predicts (R calls reading every weight once against one).
+After the cells of each N, the packed pass at R = 16 is profiled per stage and per layer at
+``mx.eval`` boundaries (``profile_R16``). Memory: K/V bytes per cell and the peak RSS.
 JSON: {"cells": [{"N", "R", "sequential_ms", "packed_ms", "speedup", "speedup_ci",
-"max_abs_diff"}], "B", "trials", "warmup", "context"}; PNG: results/packed_refresh.png.
+"max_abs_diff", "flops", "floor_ms", "packed_over_floor", "ideal_speedup", "kv_bytes",
+"peak_rss_mib"}], "B", "trials", "warmup", "context", "rates", "profile_R16", "loadavg"};
+PNG: results/packed_refresh.png.
 """
 
 from __future__ import annotations
 
 from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + BLAS
 
+import os
+import resource
 import time
 
 import mlx.core as mx
@@ -28,8 +37,10 @@ import numpy as np
 from nexus_mlx import load
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.kv.rope import reanchor
-from nexus_mlx.models.forward import make_cache
+from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.stages import StageProfile
 from nexus_mlx.refresh import Edit, refresh_packed, refresh_sequential, shift
+from roofline import counts, gemm_gflops, pass_flops, pass_floor_ms, stream_gbps
 from tasks.niah import NiahSpec, make_case
 from repair_metrics import prefill
 
@@ -100,6 +111,37 @@ def _timed(fn, cache: NexusCache, rows: np.ndarray) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def peak_rss_mib() -> float:
+    """Peak resident set of this process so far (MiB; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def floors(n: int, r: int, gflops: float, gbps: float) -> dict[str, float]:
+    """The packed pass's FLOP floor and the roofline ratio to sequential the same count gives:
+    sequential runs R calls of B/R tokens, each reading every weight once."""
+    c = counts(MODEL)
+    flops = pass_flops(c, B, n)
+    packed_roof = pass_floor_ms(c, B, n, gflops, gbps)
+    seq_roof = r * pass_floor_ms(c, B // r, n, gflops, gbps)
+    return {"flops": flops, "floor_ms": flops / (gflops * 1e9) * 1e3,
+            "packed_roofline_ms": packed_roof, "sequential_roofline_ms": seq_roof,
+            "ideal_speedup": seq_roof / packed_roof}
+
+
+def profile_packed(stale: NexusCache, rows: np.ndarray, repeats: int = 2) -> dict[str, object]:
+    """Per-stage, per-layer times of the packed pass (the executor's one forward call) at
+    ``mx.eval`` boundaries, averaged over ``repeats`` calls after one untimed call."""
+    cache = stale.copy()
+    prof = StageProfile()
+    for i in range(repeats + 1):
+        target = prof if i else None
+        out = forward(MODEL, cache.tokens[rows], cache, positions=cache.positions[rows],
+                      rows=rows, logits="last", profile=target)
+        mx.eval(out)
+        cache.evaluate()
+    return prof.as_dict()
+
+
 def run_cell(stale: NexusCache, n: int, r: int, warmup: int, trials: int) -> dict[str, object]:
     rows = selected_rows(n, r)
     seq_cache, packed_cache = stale.copy(), stale.copy()
@@ -124,6 +166,7 @@ def run_cell(stale: NexusCache, n: int, r: int, warmup: int, trials: int) -> dic
         "sequential_ms_ci": list(median_ci(seq_ms)[1:]), "packed_ms": median_ci(packed_ms)[0],
         "packed_ms_ci": list(median_ci(packed_ms)[1:]), "speedup": speedup, "speedup_ci": [lo, hi],
         "max_abs_diff": diff, "interval_width": B // r,
+        "kv_bytes": stale.nbytes, "kv_live_bytes": stale.nbytes * stale.n_past // max(stale.capacity, 1),
     }
 
 
@@ -162,18 +205,37 @@ def main() -> None:
     if args.lengths:
         lengths = [int(x) for x in args.lengths.split(",")]
     warmup, trials = (1, 3) if args.quick else (10, 20)
+    load_start = os.getloadavg()
     MODEL, tokenizer = load("default")
-    cells = []
+    cells, profiles, rates = [], {}, []
     for n in lengths:
         build = stale_cache_tiled if args.quick else stale_cache_prefill
         stale = build(MODEL, tokenizer, n)
         for r in (1, 4, 16):
-            cells.append(run_cell(stale, n, r, warmup, trials))
+            gflops, gbps = gemm_gflops(), stream_gbps()  # measured beside every cell
+            rates.append({"N": n, "R": r, "gemm_gflops": gflops, "stream_gbps": gbps})
+            cell = run_cell(stale, n, r, warmup, trials)
+            cell.update(floors(n, r, gflops, gbps))
+            cell["packed_over_floor"] = cell["packed_ms"] / cell["floor_ms"]
+            cell["peak_rss_mib"] = peak_rss_mib()
+            cells.append(cell)
+            print(f"N {n:5d} R {r:2d}: packed {cell['packed_ms']:7.1f} ms, floor "
+                  f"{cell['floor_ms']:6.1f} ms ({cell['packed_over_floor']:.2f}x floor), "
+                  f"sequential {cell['sequential_ms']:7.1f} ms, speedup {cell['speedup']:.2f}x "
+                  f"(ideal {cell['ideal_speedup']:.2f}x) at {gflops:.0f} GFLOP/s, "
+                  f"{gbps:.1f} GB/s", flush=True)
+        profiles[str(n)] = profile_packed(stale, selected_rows(n, 16))
         del stale
     plot(cells, args.quick)
     emit("packed_refresh", {
         "model": "default (SmolLM2-135M-Instruct, float32)", "B": B, "warmup": warmup,
         "trials": trials, "context": "one prefilled 256-token text tiled (keys re-rotated)" if args.quick else "prefilled, Shift after a 64-token deletion",
+        "floor": "FLOPs (2 x non-embedding params x B + 4 x B x N x head_dim x heads x layers) "
+                 "over the fp32 GEMM rate measured beside each cell; ideal_speedup: R calls of "
+                 "B/R tokens vs one of B, each call max(FLOPs / GEMM rate, (weights + K/V) / "
+                 "streaming rate)",
+        "rates": rates, "profile_R16": profiles, "peak_rss_mib": peak_rss_mib(),
+        "loadavg": {"start": list(load_start), "end": list(os.getloadavg())},
         "cells": cells,
     }, args.quick)
 

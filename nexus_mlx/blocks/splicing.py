@@ -11,10 +11,11 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())`` is ``plan_spli
    ``curve="sur"`` the selection itself is computed here). It returns a :class:`SplicePlan`.
    A refused splice raises (``ModelMismatchError``, ``PositionError``, ``CacheError``,
    ``ArgumentError``) and the cache is exactly as it was.
-2. ``apply_splice`` writes the block's K/V into rows ``n_past .. n_past+S-1`` at positions
-   ``at .. at+S-1`` (default ``at`` = the cache's next position), every key re-rotated by
-   ``delta = at - m0`` (by the back-end's re-anchor kernel when there is one,
-   ``nexus_mlx.kernels``), then re-decodes the planned block tokens through all layers: the
+2. ``apply_splice`` places the block in rows ``n_past .. n_past+S-1`` at positions
+   ``at .. at+S-1`` (default ``at`` = the cache's next position): the K/V of the rows it keeps
+   are copied from the block, every key re-rotated by ``delta = at - m0`` (by the back-end's
+   re-anchor kernel when there is one, ``nexus_mlx.kernels``), and the planned block tokens are
+   re-decoded through all layers (written once, by that pass): the
    trailing ``curve.tokens(S, n_past)`` ones (they see the live context and the spliced rows
    before them), unless the splice is *anchored* (``at == m0`` right after exactly the block's
    compile-time context), which is output-exact. At R = 100% every block row is recomputed:
@@ -23,6 +24,14 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())`` is ``plan_spli
    Semantic-Unit Refresh against the next query (``query`` and ``tokenizer`` required) instead
    of the trailing ones. It runs inside ``cache.transaction()``: should anything fail there
    (nothing a plan can foresee), the live rows, positions, token ids and ``n_past`` are put back.
+
+One pass per turn: ``append`` (e.g. the next request's tokens, at positions right after the
+block) is run in the same forward call as the seam repair, so the repaired block rows and the
+appended tokens advance through each layer together, and ``SpliceResult.logits`` holds the last
+appended token's logits ``(1, 1, vocab)``. Only the block rows that are *not* recomputed are
+copied from the block (every row's position and token id is committed first, so the recomputed
+rows are written once, by the forward pass): at R = 100% nothing is copied and the splice is one
+text prefill of block + appended tokens.
 
 Paths reported in :class:`SpliceResult`: ``anchored`` (exact, nothing recomputed), ``bare``
 (``curve=None``: no repair), ``repaired`` (R% of the block recomputed), ``prefill`` (R = 100%),
@@ -55,10 +64,10 @@ from nexus_mlx.blocks.curve import Curve
 from nexus_mlx.errors import ArgumentError, CacheError, PositionError
 from nexus_mlx.kernels.reanchor_write import reanchored_rows
 from nexus_mlx.kernels.splice_v_transposed import decline_reason
-from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.kv.cache import NexusCache, WritePlan
 from nexus_mlx.kv.checks import is_int
 from nexus_mlx.models.arch import model_plan
-from nexus_mlx.models.forward import forward
+from nexus_mlx.models.forward import forward, token_ids
 from nexus_mlx.sur.select import sur_select
 
 SplicePath = Literal["anchored", "bare", "repaired", "prefill", "declined"]
@@ -74,6 +83,7 @@ class SpliceResult:
     recomputed: int  # block tokens re-decoded
     reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    logits: mx.array | None = None  # (1, 1, vocab) of the last appended token, if any
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class SplicePlan:
     picked: np.ndarray  # (R,) sorted block indices re-decoded after the write
     keys: tuple[mx.array, ...] = ()  # re-anchored block keys per layer (lazy); empty if declined
     reason: str = ""
+    append: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (Q,) token ids
 
 
 def is_anchored(cache: NexusCache, block: CompiledBlock, at: int) -> bool:
@@ -148,6 +159,7 @@ def plan_splice(
     query: Sequence[int] | None = None,
     tokenizer: Any = None,
     timings: dict[str, float] | None = None,
+    append: Sequence[int] | np.ndarray | None = None,
 ) -> SplicePlan:
     """Validate a splice completely (see the module docstring); nothing is modified."""
     timings = {} if timings is None else timings
@@ -160,29 +172,32 @@ def plan_splice(
     cache.check_compatible(mplan.rope_specs, mplan.n_kv_heads, mplan.head_dim)
     at = _check_at(at, cache)
     n_past, s = cache.n_past, block.num_tokens
-    if mplan.max_position is not None and at + s > mplan.max_position:
+    extra = (np.zeros(0, np.int64) if append is None or len(append) == 0
+             else token_ids(append, mplan.vocab_size))
+    total = s + extra.size
+    if mplan.max_position is not None and at + total > mplan.max_position:
         raise PositionError(
-            f"splicing {s} tokens at {at} needs positions up to {at + s - 1}, beyond the "
-            f"model's max_position_embeddings={mplan.max_position}"
+            f"splicing {s} tokens (and appending {extra.size}) at {at} needs positions up to "
+            f"{at + total - 1}, beyond the model's max_position_embeddings={mplan.max_position}"
         )
     positions = np.arange(at, at + s, dtype=np.int64)
-    cache.plan_write(None, positions)  # rows, capacity, collisions with live positions
+    cache.plan_write(None, np.arange(at, at + total))  # rows, capacity, live collisions
     rows = (n_past, n_past + s)
     delta = at - block.m0
     if cache.v_layout == "transposed" and (declined := decline_reason()) is not None:
         timings["validate"] = time.perf_counter() - start
         return SplicePlan("declined", at, positions, rows, delta, 100.0,
-                          np.arange(s, dtype=np.int64), reason=declined)
-    keys = tuple(
+                          np.arange(s, dtype=np.int64), reason=declined, append=extra)
+    keys = tuple(  # lazy; never evaluated when every row is recomputed
         reanchored_rows(block.keys(i), delta, spec, cache.dtype, use_kernel=use_kernel)
         for i, spec in enumerate(cache.rope_specs)
     )
     timings["validate"] = time.perf_counter() - start
     none = np.zeros(0, np.int64)
     if is_anchored(cache, block, at):
-        return SplicePlan("anchored", at, positions, rows, delta, 0.0, none, keys)
+        return SplicePlan("anchored", at, positions, rows, delta, 0.0, none, keys, append=extra)
     if curve is None:
-        return SplicePlan("bare", at, positions, rows, delta, 0.0, none, keys)
+        return SplicePlan("bare", at, positions, rows, delta, 0.0, none, keys, append=extra)
     trailing = curve if isinstance(curve, Curve) else Curve()
     r_pct, count = trailing.percent(n_past), trailing.tokens(s, n_past)
     t0 = time.perf_counter()
@@ -192,7 +207,18 @@ def plan_splice(
         picked = np.arange(s - count, s, dtype=np.int64)
     timings["select"] = time.perf_counter() - t0
     path: SplicePath = "prefill" if count == s else "repaired"
-    return SplicePlan(path, at, positions, rows, delta, r_pct, _checked_pick(picked, count, s), keys)
+    return SplicePlan(path, at, positions, rows, delta, r_pct, _checked_pick(picked, count, s), keys,
+                      append=extra)
+
+
+def _kept_rows(a: mx.array, kept: np.ndarray, size: int) -> mx.array:
+    """The rows ``kept`` (sorted) of a block tensor ``(1, H, S, D)``: a slice when they are a
+    leading run, else a gather."""
+    if kept.size == size:
+        return a
+    if kept[-1] == kept.size - 1:
+        return a[:, :, : kept.size, :]
+    return mx.take(a, mx.array(kept.astype(np.int32)), axis=2)
 
 
 def apply_splice(
@@ -202,34 +228,41 @@ def apply_splice(
     plan: SplicePlan,
     timings: dict[str, float] | None = None,
 ) -> SpliceResult:
-    """Carry out a plan from :func:`plan_splice` on the cache it was made for, unchanged since."""
+    """Carry out a plan from :func:`plan_splice` on the cache it was made for, unchanged since:
+    commit every row, copy the block rows that are kept, then one forward pass over the
+    recomputed block rows and the appended tokens (timed as ``repair``)."""
     timings = {} if timings is None else timings
     if cache.n_past != plan.rows[0]:
         raise CacheError(f"stale splice plan: made at n_past={plan.rows[0]}, now {cache.n_past}")
     result = SpliceResult(plan.path, plan.at, plan.rows, plan.delta, plan.r_pct,
                           int(plan.picked.size), plan.reason, timings)
-    tokens = np.asarray(block.tokens, dtype=np.int64)
-    with cache.transaction():
-        if plan.path == "declined":
-            t0 = time.perf_counter()
-            mx.eval(forward(model, tokens, cache, positions=plan.positions, logits="last"))
-            cache.evaluate()
-            timings["prefill"] = time.perf_counter() - t0
-            return result
+    s, extra = block.num_tokens, plan.append
+    tokens = np.concatenate([np.asarray(block.tokens, dtype=np.int64), extra])  # (S + Q,)
+    positions = np.arange(plan.at, plan.at + tokens.size, dtype=np.int64)
+    r0 = plan.rows[0]
+    run = np.concatenate([plan.picked, np.arange(s, tokens.size)])  # forwarded indices
+    with cache.transaction():  # only rows past n_past are written: metadata restores it all
         t0 = time.perf_counter()
-        values = [block.values(i) for i in range(cache.num_layers)]
-        cache.write(plan.positions, list(plan.keys), values, tokens=tokens)
-        cache.evaluate()
-        timings["copy"] = time.perf_counter() - t0
-        if plan.path in ("repaired", "prefill"):
-            t0 = time.perf_counter()
-            picked = plan.picked
-            if picked.size:
-                out = forward(model, tokens[picked], cache, positions=plan.positions[picked],
-                              rows=plan.rows[0] + picked, logits="last")
-                mx.eval(out)
+        if plan.path != "declined":
+            write = cache.plan_write(None, positions)
+            cache.commit_positions(write, tokens)
+            kept = np.setdiff1d(np.arange(s), plan.picked)
+            if kept.size:
+                kept_plan = WritePlan(r0 + kept, positions[kept], write.n_past_after,
+                                      bool(np.all(np.diff(kept) == 1)))
+                for i in range(cache.num_layers):
+                    cache.write_layer(i, kept_plan, _kept_rows(plan.keys[i], kept, s),
+                                      _kept_rows(block.values(i), kept, s))
                 cache.evaluate()
-            timings["repair"] = time.perf_counter() - t0
+            timings["copy"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+        if run.size:
+            out = forward(model, tokens[run], cache, positions=positions[run], rows=r0 + run,
+                          logits="last")
+            mx.eval(out)
+            cache.evaluate()
+            result.logits = out if extra.size else None
+        timings["prefill" if plan.path == "declined" else "repair"] = time.perf_counter() - t0
     return result
 
 
@@ -243,10 +276,12 @@ def splice(
     use_kernel: bool = True,
     query: Sequence[int] | None = None,
     tokenizer: Any = None,
+    append: Sequence[int] | np.ndarray | None = None,
 ) -> SpliceResult:
-    """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam."""
+    """Splice ``block`` at position ``at`` (default: the cursor) and repair its seam; tokens in
+    ``append`` go after the block in the same forward pass (their logits in ``result.logits``)."""
     timings: dict[str, float] = {}
     cache.evaluate()  # pending lazy work on the cache is not the splice's cost
     plan = plan_splice(model, cache, block, at=at, curve=curve, use_kernel=use_kernel,
-                       query=query, tokenizer=tokenizer, timings=timings)
+                       query=query, tokenizer=tokenizer, timings=timings, append=append)
     return apply_splice(model, cache, block, plan, timings)

@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.forward import decode_step, forward, make_cache
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 
 Sampler = Callable[[mx.array], mx.array]
@@ -60,18 +60,23 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-def _next_token(
+def _sample(
     logits: mx.array,
     history: list[int],
     sampler: Sampler,
     processors: Sequence[LogitsProcessor],
-) -> int:
+) -> mx.array:
+    """The next token as a lazy ``(1,)`` array. The default greedy sampler without processors
+    takes the argmax of the logits themselves (normalising cannot change it)."""
     logits = logits[:, -1, :]  # (1, V)
+    if sampler is greedy and not processors:
+        return greedy(logits)
     for process in processors:
         logits = process(mx.array(history), logits)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    token = sampler(logprobs)
-    mx.eval(token)
+    return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def _read(token: mx.array) -> int:
     return int(cast(int, token.item()))
 
 
@@ -86,7 +91,14 @@ def generate_tokens(
     logits_processors: Sequence[LogitsProcessor] = (),
     stats: GenerationStats | None = None,
 ) -> Iterator[int]:
-    """Prefill ``prompt_tokens`` into ``cache`` and yield up to ``max_tokens`` sampled ids."""
+    """Prefill ``prompt_tokens`` into ``cache`` and yield up to ``max_tokens`` sampled ids.
+
+    Without logits processors the loop is pipelined as mlx-lm's ``generate_step`` is: the next
+    step is built on the still-lazy sampled token (``decode_step``) and started with
+    ``mx.async_eval`` before the current token is read, so the host never waits between steps.
+    A step started for a token that turns out to end the generation (an end-of-sequence id, or
+    the consumer stopping) is taken back (``cache.trim``), so the cache ends as documented.
+    Processors read the token history on the host, so with them every step is sequential."""
     sampler = sampler or greedy
     eos = eos_token_ids or set()
     stats = stats if stats is not None else GenerationStats()
@@ -94,18 +106,64 @@ def generate_tokens(
     stats.prompt_tokens = len(history)
     start = time.perf_counter()
     logits = forward(model, history, cache, logits="last")
-    token = _next_token(logits, history, sampler, logits_processors)
+    token = _sample(logits, history, sampler, logits_processors)
+    if logits_processors:
+        yield from _sequential(model, cache, token, history, sampler, logits_processors,
+                               max_tokens, eos, stats, start)
+        return
+    mx.async_eval(token)
+    pending = False  # a step for `token` is running: its row is cache row n_past - 1
+    try:
+        first = 0.0
+        for count in range(1, max_tokens + 1):
+            nxt = None
+            if count < max_tokens:
+                nxt = _sample(decode_step(model, token, cache), history, sampler, ())
+                mx.async_eval(nxt)
+                pending = True
+            tok = _read(token)
+            if count == 1:
+                stats.ttft_s = time.perf_counter() - start
+                first = time.perf_counter()
+            stats.generated_tokens = count
+            stats.decode_s = time.perf_counter() - first
+            if pending:
+                cache.record_tokens([cache.n_past - 1], [tok])
+            yield tok
+            if tok in eos or nxt is None:
+                return
+            history.append(tok)
+            token, pending = nxt, False
+    finally:
+        if pending:  # the step of the last token must not stay in the cache
+            cache.trim(cache.n_past - 1)
+
+
+def _sequential(
+    model: nn.Module,
+    cache: NexusCache,
+    token: mx.array,
+    history: list[int],
+    sampler: Sampler,
+    processors: Sequence[LogitsProcessor],
+    max_tokens: int,
+    eos: set[int],
+    stats: GenerationStats,
+    start: float,
+) -> Iterator[int]:
+    """The unpipelined loop (logits processors see every token on the host first)."""
+    tok = _read(token)
     stats.ttft_s = time.perf_counter() - start
     first = time.perf_counter()
     for _ in range(max_tokens):
         stats.generated_tokens += 1
         stats.decode_s = time.perf_counter() - first
-        yield token
-        if token in eos or stats.generated_tokens >= max_tokens:
+        yield tok
+        if tok in eos or stats.generated_tokens >= max_tokens:
             return
-        history.append(token)
-        logits = forward(model, [token], cache, logits="last")
-        token = _next_token(logits, history, sampler, logits_processors)
+        history.append(tok)
+        logits = forward(model, [tok], cache, logits="last")
+        tok = _read(_sample(logits, history, sampler, processors))
 
 
 def greedy_continuation(

@@ -287,6 +287,17 @@ class NexusCache:
         self._tokens[plan.rows] = -1 if ids is None else ids
         self.n_past = plan.n_past_after
 
+    def record_tokens(self, rows: np.ndarray | Sequence[int], tokens: np.ndarray | Sequence[int]) -> None:
+        """Set the token ids of live ``rows`` whose K/V were written before their ids were
+        known on the host (a pipelined decode step feeds the sampled token without reading it);
+        K/V and positions are untouched."""
+        row_arr = int_array(rows, "rows", CacheError)
+        ids = checked_tokens(tokens, row_arr.size)
+        if row_arr.size and (row_arr.min() < 0 or row_arr.max() >= self.n_past):
+            raise CacheError(f"rows to label must lie in [0, n_past={self.n_past})")
+        if ids is not None:
+            self._tokens[row_arr] = ids
+
     def write_layer(self, layer: int, plan: WritePlan, k: mx.array, v: mx.array) -> None:
         """Write ``k, v (1, H_kv, T, D)`` into the rows of ``plan`` for one layer (after
         :meth:`commit_positions` recorded the plan)."""

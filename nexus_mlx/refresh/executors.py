@@ -8,8 +8,10 @@ selected stay bit-identical. Two executors with equal results (fp32, within floa
 - ``sequential``: the reference. Each maximal interval of consecutive rows is forwarded in
   order, through all layers, against the evolving cache.
 - ``packed``: all selected rows are gathered once and advance through each layer together; their
-  fresh K/V are written before that layer's attention (one forward call). Its cost is flat in
-  the number of intervals.
+  fresh K/V are written before that layer's attention (one forward call; past ``PREFILL_CHUNK``
+  rows it runs in chunks in position order, which is the same computation since no chunk can see
+  a later one's rows). Its cost is flat in the number of intervals: the weights are traversed once
+  per chunk, attention covers only the rows some selected query can see.
 
 Everything is validated before the first row is written: the executor name, the cache against
 the model, the rows (integers, not bools; sorted, distinct, live), their token ids (known and
