@@ -14,6 +14,9 @@ Contract (import after ``common``, which loads ``nexus_mlx`` and the fast BLAS f
   ``greedy_continuation`` on a copy of the cache otherwise).
 - ``kv_deviation(cache, ref, start)``: mean over layers of ``||K - K_ref|| / ||K_ref||`` and
   the same for V (Frobenius norms over rows ``[start, n_past)``), averaged over K and V.
+- ``model_info(spec, model)``: what a result records about the model it ran (the ``--model``
+  spec, the file it resolved to, the fingerprint's architecture, layers and weights digest, the
+  compute dtype); ``model_label(info)`` is its one-line form for the report.
 
 It does not choose arms or write results.
 """
@@ -22,15 +25,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from nexus_mlx.decode.generate import greedy_continuation
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.metrics import kl_from_logprobs
+from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.packages import resolve_package_spec
 from nexus_mlx.refresh import Edit
 from nexus_mlx.refresh.edit import edited_tokens
 
@@ -105,3 +112,19 @@ def kv_deviation(cache: NexusCache, ref: NexusCache, start: int) -> float:
             den = mx.sqrt(mx.sum(mx.square(b_rows)))
             devs.append(num / mx.maximum(den, 1e-12))
     return float(mx.mean(mx.stack(devs)).item())
+
+
+def model_info(spec: str, model: nn.Module) -> dict[str, Any]:
+    """The model a benchmark ran, as recorded in its result (see the module docstring)."""
+    path = resolve_package_spec(spec)
+    fingerprint = model_fingerprint(model)
+    dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters())
+                     if mx.issubdtype(v.dtype, mx.floating)})
+    return {"spec": spec, "file": str(path) if path is not None else spec,
+            "architecture": fingerprint.architecture, "num_layers": fingerprint.num_layers,
+            "weights_digest": fingerprint.weights_digest, "dtype": ",".join(dtypes)}
+
+
+def model_label(info: dict[str, Any]) -> str:
+    """``"qwen2.5-coder-0.5b (qwen2, 24 layers, mlx.core.float32)"``."""
+    return f"{info['spec']} ({info['architecture']}, {info['num_layers']} layers, {info['dtype']})"

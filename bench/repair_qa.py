@@ -1,16 +1,23 @@
-"""Multi-hop QA after deleting an inserted passage: allocators at 2% / 5% vs Shift/Replay/Re-prefill.
+"""Multi-hop QA after deleting an inserted passage: allocators at 2% / 5% vs Dirty/Shift/Replay/Re-prefill.
 
-Cases come from ``tasks.multihop`` (HotpotQA and MuSiQue, 50 each by default): one
-non-supporting passage inserted before, between or after the supporting evidence is cached,
-then deleted, and the question answered (greedy, up to 16 tokens, first line). Per method:
-normalized EM against the gold answers, agreement with Re-prefill's normalized answer, and the
-mean post-edit latency (selection + shift + refresh + answer; Re-prefill: prefill of p + s +
-answer), each timed from the dirty cache, methods interleaved in a rotating order per case.
+Cases come from ``tasks.multihop`` (HotpotQA and MuSiQue, 50 each by default): the passages and
+the question in one cached user message, with one inserted passage (by default a *conflict*: a
+supporting passage with its answer swapped for another item's) before, between or after the
+supporting evidence; the passage is deleted and the question answered (greedy, up to 16 tokens,
+first line). Per method: normalized EM against the gold answers, agreement with Re-prefill's
+normalized answer, and the mean post-edit latency (selection + shift + refresh + answer;
+Re-prefill: prefill of p + s + answer), each timed from the dirty cache, methods interleaved in
+a rotating order per case. Dirty (answering with the passage still there) shows how often the
+deletion matters (``dirty_gives_substitute``: it answered the planted substitute).
 CIs: paired bootstrap over questions (the same resampled questions for every method), for EM,
-agreement, latency, the EM difference to Re-prefill and the speedup over Re-prefill.
-JSON: {"rows": [{"method", "budget", "em", "agree", "latency_s", ...CIs}], "n_cases", ...}.
-Options: --data PATH (repeatable; default both shared files), --cases N (per file),
---methods a,b, --budgets 2,5. PNG: results/repair_qa.png.
+agreement, latency, the EM difference to Re-prefill, the speedup over Re-prefill and the
+agreement difference to Shift (``agree_diff_vs_shift``: does a repair beat doing nothing?).
+JSON: {"model", "model_info", "spec", "rows": [{"method", "budget", "em", "agree", "latency_s",
+"agree_diff_vs_shift", ...CIs}], "sur_vs_shift", "answers", "n_cases", ...}; ``sur_vs_shift`` is
+SUR at 5% (the paper's budget) against Shift: both agreements, the difference and its CI.
+Options: --model M (default qwen2.5-coder-0.5b), --data PATH (repeatable; default both shared
+files), --cases N (per file), --methods a,b, --budgets 2,5, --deleted conflict|distractor,
+--question-in-query. PNG: results/repair_qa.png.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ import numpy as np
 
 from nexus_mlx import load
 from nexus_mlx.decode.generate import greedy_continuation
-from nexus_mlx.refresh import repair, replay, shift
+from nexus_mlx.refresh import dirty, repair, replay, shift
 from nexus_mlx.refresh.allocators import ALLOCATORS, _load_builtin
-from tasks.multihop import build_case, exact_match, load_items, normalize_answer, prediction_text
-from repair_metrics import prefill
+from tasks.multihop import QASpec, build_cases, exact_match, load_items, normalize_answer, prediction_text
+from repair_metrics import model_info, model_label, prefill
 
 DATA = shared_data("multihop")
 DEFAULT_FILES = (DATA / "hotpotqa_dev50.json", DATA / "musique_dev50.json")
@@ -35,6 +42,8 @@ ALLOCATOR_NAMES = ("sur", "bm25_units", "cacheblend", "infoflow", "prophetkv")
 BUDGETS = (2, 5)
 MAX_ANSWER = 16
 N_BOOT = 2000
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+HEADLINE = ("sur", 5.0)  # the paper's method and budget, compared with Shift
 
 
 def run_method(model, tokenizer, case, cache, method: str, budget: float | None, stop):
@@ -47,6 +56,8 @@ def run_method(model, tokenizer, case, cache, method: str, budget: float | None,
     elif method == "shift":
         repaired = shift(cache, edit)
         repaired.evaluate()
+    elif method == "dirty":
+        repaired = dirty(cache, edit)
     elif method == "replay":
         repaired = replay(model, cache, edit)
     else:
@@ -56,20 +67,26 @@ def run_method(model, tokenizer, case, cache, method: str, budget: float | None,
     return tokenizer.decode(tokens), seconds
 
 
-def paired_bootstrap(table: dict[str, dict[str, np.ndarray]], ref: str, seed: int = 0):
-    """95% intervals for every method's mean EM, agreement, latency, EM - EM_ref and speedup."""
+def paired_bootstrap(table: dict[str, dict[str, np.ndarray]], ref: str, base: str | None = None,
+                     seed: int = 0):
+    """95% intervals for every method's mean EM, agreement, latency, EM - EM_ref, speedup over
+    ``ref`` and (with ``base``) agreement - agreement_base, all on the same resampled questions."""
     n = len(next(iter(table.values()))["em"])
     idx = np.random.default_rng(seed).integers(0, n, size=(N_BOOT, n))
     ref_lat = table[ref]["latency"][idx].mean(axis=1)
     ref_em = table[ref]["em"][idx].mean(axis=1)
+    base_agree = table[base]["agree"][idx].mean(axis=1) if base else None
     out = {}
     for name, cols in table.items():
         em = cols["em"][idx].mean(axis=1)
         lat = cols["latency"][idx].mean(axis=1)
+        agree = cols["agree"][idx].mean(axis=1)
         q = lambda a: [float(np.quantile(a, 0.025)), float(np.quantile(a, 0.975))]  # noqa: E731
-        out[name] = {"em_ci": q(em), "agree_ci": q(cols["agree"][idx].mean(axis=1)),
+        out[name] = {"em_ci": q(em), "agree_ci": q(agree),
                      "latency_s_ci": q(lat), "em_diff_ci": q(em - ref_em),
                      "speedup_ci": q(ref_lat / lat)}
+        if base_agree is not None:
+            out[name]["agree_diff_vs_shift_ci"] = q(agree - base_agree)
     return out
 
 
@@ -104,6 +121,10 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=None, help="questions per file")
     parser.add_argument("--methods", default=None, help="allocators (default the five)")
     parser.add_argument("--budgets", default=None)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--deleted", default=QASpec.deleted, choices=("conflict", "distractor"))
+    parser.add_argument("--question-in-query", action="store_true",
+                        help="ask the question after the repair instead of caching it")
     args = parser.parse_args()
     files = [Path(p) for p in args.data] if args.data else list(DEFAULT_FILES[:1] if args.quick
                                                                   else DEFAULT_FILES)
@@ -115,15 +136,17 @@ def main() -> None:
     allocators = [a for a in wanted if a in ALLOCATORS]
     missing = [a for a in wanted if a not in ALLOCATORS]
     methods: list[tuple[str, float | None]] = [(a, b) for a in allocators for b in budgets]
-    methods += [("shift", None), ("replay", None), ("reprefill", None)]
+    methods += [("dirty", None), ("shift", None), ("replay", None), ("reprefill", None)]
 
-    model, tokenizer = load("default")
+    model, tokenizer = load(args.model)
+    info = model_info(args.model, model)
+    spec = QASpec(deleted=args.deleted, question_in_cache=not args.question_in_query)
     stop = set(tokenizer.eos_token_ids) | {tokenizer.encode(t, add_special_tokens=False)[0]
                                            for t in ("\n", "\n\n")}
     cases = []
     for path in files:
-        items = load_items(path)[:per_file]
-        cases += [build_case(tokenizer, item, i) for i, item in enumerate(items)]
+        items = load_items(path)
+        cases += build_cases(tokenizer, items, spec)[:per_file]  # substitutes: the whole file
     preds: dict[tuple[str, float | None], list[str]] = {m: [] for m in methods}
     seconds: dict[tuple[str, float | None], list[float]] = {m: [] for m in methods}
     start = time.perf_counter()
@@ -134,9 +157,10 @@ def main() -> None:
             text, sec = run_method(model, tokenizer, case, cache, method, budget, stop)
             preds[(method, budget)].append(prediction_text(text))
             seconds[(method, budget)].append(sec)
-        ref = preds[("reprefill", None)][-1]
-        print(f"{case.dataset} {k}: {case.n_tokens} tokens ({case.placement}), re-prefill "
-              f"{ref!r} gold {case.answers[0]!r}, {time.perf_counter() - start:.0f} s", flush=True)
+        shown = {f"{m}@{b:g}" if b is not None else m: preds[(m, b)][-1] for m, b in methods}
+        print(f"{case.dataset} {k}: {case.n_tokens} tokens ({case.placement}, "
+              f"{case.deleted_kind} {case.substitute!r}), gold {case.answers[0]!r}: {shown}, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
 
     ref_key = ("reprefill", None)
     table = {}
@@ -145,8 +169,9 @@ def main() -> None:
         agree = np.array([float(normalize_answer(p) == normalize_answer(r))
                           for p, r in zip(preds[m], preds[ref_key], strict=True)])
         table[f"{m[0]}@{m[1]}"] = {"em": em, "agree": agree, "latency": np.array(seconds[m])}
-    cis = paired_bootstrap(table, f"{ref_key[0]}@{ref_key[1]}")
+    cis = paired_bootstrap(table, f"{ref_key[0]}@{ref_key[1]}", "shift@None")
     ref_cols = table[f"{ref_key[0]}@{ref_key[1]}"]
+    shift_cols = table["shift@None"]
     rows = []
     for m in methods:
         cols = table[f"{m[0]}@{m[1]}"]
@@ -156,15 +181,31 @@ def main() -> None:
             "latency_s_median": float(np.median(cols["latency"])),
             "em_diff_vs_reprefill": float(cols["em"].mean() - ref_cols["em"].mean()),
             "speedup_vs_reprefill": float(ref_cols["latency"].mean() / cols["latency"].mean()),
+            "agree_diff_vs_shift": float(cols["agree"].mean() - shift_cols["agree"].mean()),
             **cis[f"{m[0]}@{m[1]}"],
             "em_by_dataset": {d: float(np.mean([e for e, c in zip(cols["em"], cases, strict=True)
                                                 if c.dataset == d]))
                               for d in sorted({c.dataset for c in cases})},
         })
+    sub_cases = [i for i, c in enumerate(cases) if c.substitute is not None]
+    dirty_sub = [exact_match(preds[("dirty", None)][i], (cases[i].substitute,)) for i in sub_cases]
+    head = [r for r in rows if (r["method"], r["budget"]) == HEADLINE]
+    sur_vs_shift = ({"method": f"{HEADLINE[0]}@{HEADLINE[1]:g}", "agree": head[0]["agree"],
+                     "shift_agree": float(shift_cols["agree"].mean()),
+                     "diff": head[0]["agree_diff_vs_shift"],
+                     "diff_ci": head[0]["agree_diff_vs_shift_ci"]} if head else None)
+    answers = [{"id": c.id, "dataset": c.dataset, "gold": list(c.answers), "kind": c.deleted_kind,
+                "substitute": c.substitute, "placement": c.placement,
+                **{f"{m}@{b:g}" if b is not None else m: preds[(m, b)][i] for m, b in methods}}
+               for i, c in enumerate(cases)]
     plot(rows, args.quick)
     emit("repair_qa", {
-        "model": "default (SmolLM2-135M-Instruct, float32)", "n_cases": len(cases),
+        "model": model_label(info), "model_info": info, "n_cases": len(cases),
+        "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "files": [str(p) for p in files], "missing": missing, "rows": rows,
+        "sur_vs_shift": sur_vs_shift,
+        "dirty_gives_substitute": float(np.mean(dirty_sub)) if dirty_sub else None,
+        "conflict_cases": len(sub_cases), "answers": answers,
         "mean_context_tokens": float(np.mean([c.n_tokens for c in cases])),
         "seconds": time.perf_counter() - start,
     }, args.quick)

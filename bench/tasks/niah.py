@@ -1,41 +1,47 @@
-"""Erasing-NIAH: seeded needle-in-a-haystack cases whose answer changes when a span is deleted.
+"""Erasing-NIAH: seeded needle-in-a-haystack cases whose gold answer changes when a fact is deleted.
 
-Contract: ``niah_cases(tokenizer, NiahSpec(...))`` returns :class:`NiahCase` objects, the same
-ones for the same spec and tokenizer (all randomness comes from ``numpy`` generators seeded
-with ``(spec.seed, case index)``, so case ``i`` does not depend on ``n_cases``). ``score``
-parses a greedy answer and compares it with the gold value(s).
+Contract: ``niah_cases(tokenizer, NiahSpec(...), haystack=None)`` returns :class:`NiahCase`
+objects, the same ones for the same spec, haystack and tokenizer (all randomness comes from
+``numpy`` generators seeded with ``(spec.seed, case index)``, so case ``i`` does not depend on
+``n_cases``). ``haystack`` is a sequence of real paragraphs; by default
+:func:`haystack_paragraphs` reads them from the multi-hop QA files in ``../shared/data`` (never
+copied into the repository). ``score`` parses a greedy answer and compares it with the gold.
 
-The construction (one case):
+The construction (one case), as paper 2's: two same-key facts, deleting one changes the answer.
 
-- A haystack of templated filler sentences (no digits, no key words) of about
-  ``spec.lengths[i % len(lengths)]`` tokens, inside one user message of the tokenizer's chat
-  template (plain text when ``spec.chat`` is False or the tokenizer has none).
-- A *target key* (e.g. ``harbor``) stated ``spec.n_updates`` times with distinct values, in
-  order: first ``"The secret number for harbor is 4821."``, then corrections
-  ``"Update: the secret number for harbor is now 7730."``. The intro tells the reader that the
-  latest update counts. The **last correction is the deleted span** ``e`` (wrapped in
-  ``spec.edit_filler`` filler sentences on each side, which are deleted with it), so with ``e``
-  present the answer is the last value (``deleted_answer``) and after the deletion it reverts
-  to the one before (``answer``). ``e`` sits at a seeded depth in ``spec.edit_depth`` (a
-  fraction of the haystack), the earlier statements before it.
-- ``spec.n_distractors`` other keys (default 0), each stated once, at seeded depths *before* the
-  target's last surviving statement; the suffix holds no numbers, so after the deletion the most
-  recent surviving number is the gold. Why 0 with the default model (SmolLM2-135M), measured
-  with Re-prefill on 4K-token cases: with four distractor keys placed anywhere it answered a
-  distractor's value (asked for each of the five keys of one context it gave the same number
-  for all five); with one distractor it was right on 2 of 3 cases; with none, 3 of 3 at 4K and
-  1 of 1 at 8K. Larger models can take distractors (they are kept as an option).
-- ``spec.echoes`` sentences right after ``e`` (in the suffix) that refer back to the deleted
-  update without repeating its value ("That new number for harbor replaces the older one."):
-  after the deletion they are stale, which is what a repair has to fix.
-- Every value in a case has a distinct leading digit, so the first answer token decides it.
+- One user message of the tokenizer's chat template (plain text when ``spec.chat`` is False):
+  an intro saying what will be asked and in which format, then real haystack paragraphs of
+  about ``spec.lengths[i % len(lengths)]`` tokens in all (seeded draws from the pool; the
+  context ``p + e + s``, question included, stays within that length).
+- A *target key* (``"the harbor vault"``) whose access code is stated ``spec.n_values`` times
+  (``"The access code for the harbor vault is 4821."``), each fact its own paragraph between
+  haystack paragraphs, and ``spec.n_distractors`` other keys stated once each, anywhere.
+- One target fact is the deleted span ``e`` (the last one by default; ``spec.deleted="any"``
+  picks a seeded one in "list" mode), at the paragraph break nearest to a seeded fraction in
+  ``spec.edit_depth`` of the haystack's tokens (``1.0``: right before the question); the
+  surviving target facts come before it (``"last"``) or anywhere (``"any"``).
+- The question asks for the target's codes: ``spec.answer="list"`` all of them in order
+  (gold with ``e``: every value; after the deletion: the others), ``"latest"`` the most recent
+  one (``e`` is then always the last fact: gold with ``e`` its value, after the deletion the one
+  before).
+- ``spec.question_in_cache`` (default True) ends the cached user message with the question, so
+  ``s`` holds it and the query is only the template's end-of-turn and assistant header; with
+  False the question is part of the query (not cached). Why the default, measured on
+  Qwen2.5-Coder-0.5B-Instruct (about 400-1,300-token contexts, 3 cases each): with the question
+  in the query, Shift answered like Re-prefill on every case, in both modes and with the deleted
+  fact in the middle or right before the question (the deleted digits are gone and the model
+  reads the surviving ones again); so did a suffix sentence naming the deleted value, a pronoun
+  re-bound by the deletion, and an alias ("the shed's code is the same as the vault's"). With
+  the question in the cache and "list", Shift answered two codes where one survived ("3941,
+  3941", "1442, 1711") on 5 of 5 cases: the question's states, computed with ``e`` visible, still
+  count it. Recomputing all of the question's rows fixed it; its first or last 8 did not. In
+  "latest" mode Shift stayed right even with the question in the cache.
+- Every value has four digits and a distinct leading digit, and none occurs in the case's
+  haystack text.
 
 Token layout: ``tokens = p + e + s`` with ``edit = Edit(p0, p1)`` the rows of ``e``; each text
-segment (template head, sentences, paragraph breaks) is tokenized on its own and concatenated,
-so ``decode(tokens[p0:p1]) == e_text`` exactly. The *query* (not in the cache) is the question,
-the template's end-of-turn and assistant header, and the answer prefix
-``"The latest secret number for harbor is "`` (its trailing space is the tokenizer's own
-separate token before digits), so greedy continuation starts at the number.
+segment (template head, intro, paragraphs, facts, question) is tokenized on its own and
+concatenated, so ``decode(tokens[p0:p1]) == e_text`` exactly and ``e`` is a whole paragraph.
 
 It does not run a model; benchmarks prefill ``tokens``, apply an edit operator, feed ``query``
 and score the greedy continuation.
@@ -43,9 +49,11 @@ and score the greedy continuation.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,64 +67,56 @@ KEYS: tuple[str, ...] = (
     "thistle", "summit", "prairie", "anchor", "walnut", "zephyr", "orchid", "basalt", "heron",
     "cedar", "magnet", "pepper", "raven", "tulip",
 )
-_SUBJECTS = (
-    "The old ferryman", "A quiet librarian", "The village baker", "A tired courier",
-    "The museum guard", "A young painter", "The night porter", "A patient gardener",
-    "The river pilot", "A travelling fiddler", "The school teacher", "A careful surveyor",
-    "The town clerk", "A retired sailor", "The shy apprentice", "A cheerful weaver",
-)
-_ACTIONS = (
-    "waited near", "walked past", "looked across", "paused beside", "drifted toward",
-    "talked about", "sketched", "swept", "mended", "remembered", "circled", "photographed",
-)
-_PLACES = (
-    "the stone bridge", "the empty market", "the foggy pier", "the garden wall",
-    "the lighthouse steps", "the wooden gate", "the chapel square", "the railway yard",
-    "the old mill", "the narrow lane", "the fountain", "the bakery window",
-)
-_TAILS = (
-    "before the rain began.", "while bells rang in the distance.", "as the lamps were lit.",
-    "after the long winter.", "and nobody noticed.", "in the pale afternoon light.",
-    "on a windy morning.", "without saying a word.", "while the kettle cooled.",
-    "as the tide went out.", "before supper.", "under a grey sky.",
-)
-_ECHOES = (
-    " That new number for {key} replaces the older one.",
-    " Everyone agreed to use the updated number for {key} from then on.",
-    " The previous number for {key} was no longer valid after that update.",
-)
-INTRO = (
-    "Below are some notes. Each key has a secret number. A number can be changed by a later "
-    "update; the most recent update always replaces the earlier number.\n\n"
-)
+ANSWERS = ("list", "latest")
+DELETED = ("last", "any")
 _PARAGRAPH = "\n\n"
+_SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "multihop"
+HAYSTACK_FILES: tuple[Path, ...] = (_SHARED / "hotpotqa_dev50.json", _SHARED / "musique_dev50.json")
+MIN_PARAGRAPH_CHARS = 80
+_INTRO = {
+    "list": ("Below are some documents. Some of them state access codes for vaults. At the end "
+             "there is a question about one vault: answer with its access codes only, in the "
+             "order they appear, separated by commas. If only one code is stated for that vault, "
+             "give just that one."),
+    "latest": ("Below are some documents. Some of them state access codes for vaults; a code "
+               "stated later replaces an earlier one. At the end there is a question about one "
+               "vault: answer with its latest access code only."),
+}
 
 
 @dataclass(frozen=True)
 class NiahSpec:
     """How to build the cases (frozen; the defaults are the benchmark's)."""
 
-    n_cases: int = 96
-    lengths: tuple[int, ...] = (1024, 2048, 4096, 8000)  # context tokens (p + e + s), approx.
-    n_updates: int = 3  # statements of the target key; the last one is deleted
-    n_distractors: int = 0  # other keys (see the module docstring for why 0 by default)
-    echoes: int = 2  # suffix sentences referring back to the deleted update
-    edit_filler: int = 1  # filler sentences deleted with the update, on each side
-    edit_depth: tuple[float, float] = (0.3, 0.7)  # where e sits, as a haystack fraction
+    n_cases: int = 48
+    lengths: tuple[int, ...] = (1024, 2048, 4096)  # context tokens (p + e + s), at most
+    n_values: int = 2  # statements of the target key's code; one of them is deleted
+    n_distractors: int = 0  # other keys, each stated once (see the module doc for why 0)
+    answer: str = "list"  # "list": all codes in order; "latest": the most recent one
+    deleted: str = "last"  # which target fact is e: "last", or "any" (seeded; "list" only)
+    edit_depth: tuple[float, float] = (0.2, 0.5)  # where e sits, as a fraction of the haystack
+    question_in_cache: bool = True  # the question ends the cached message (see module doc)
     seed: int = 0
     chat: bool = True
 
     def __post_init__(self) -> None:
         if self.n_cases < 0 or not self.lengths or min(self.lengths) < 256:
             raise ValueError(f"need n_cases >= 0 and lengths >= 256, got {self}")
-        if not 2 <= self.n_updates <= 5 or self.n_updates + self.n_distractors > 9:
+        if not 2 <= self.n_values <= 5 or self.n_values + self.n_distractors > 9 \
+                or self.n_distractors < 0:
             raise ValueError(
-                f"need 2 <= n_updates <= 5 and n_updates + n_distractors <= 9 (distinct leading "
-                f"digits), got {self.n_updates} and {self.n_distractors}"
+                f"need 2 <= n_values <= 5, n_distractors >= 0 and n_values + n_distractors <= 9 "
+                f"(distinct leading digits), got {self.n_values} and {self.n_distractors}"
             )
+        if self.answer not in ANSWERS or self.deleted not in DELETED:
+            raise ValueError(f"answer must be one of {ANSWERS} and deleted one of {DELETED}, "
+                             f"got {self.answer!r} and {self.deleted!r}")
+        if self.answer == "latest" and self.deleted != "last":
+            raise ValueError("answer='latest' needs deleted='last' (deleting an earlier fact "
+                             "would not change the latest code)")
         lo, hi = self.edit_depth
-        if not 0.0 < lo <= hi < 1.0:
-            raise ValueError(f"edit_depth must satisfy 0 < lo <= hi < 1, got {self.edit_depth}")
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(f"edit_depth must satisfy 0 < lo <= hi <= 1, got {self.edit_depth}")
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,13 @@ class NiahCase:
     index: int
     tokens: np.ndarray  # (N,) token ids of p + e + s
     edit: Edit  # rows [p0, p1) of e
-    query: np.ndarray  # (Q,) question + assistant header + answer prefix, appended after repair
+    query: np.ndarray  # (Q,) appended after repair: [question +] end of turn + assistant header
     question: str  # the question text (what relevance-based allocators score against)
-    answer: str  # gold after deleting e
-    deleted_answer: str  # gold with e present (the deleted value)
+    answer: tuple[str, ...]  # gold after deleting e
+    deleted_answer: tuple[str, ...]  # gold with e present (what Dirty should answer)
     key: str
-    values: tuple[str, ...]  # the target key's values in order; the last is in e
+    values: tuple[str, ...]  # the target key's codes in context order, e's included
+    deleted_index: int  # which of ``values`` is in e
     p_text: str
     e_text: str
     s_text: str
@@ -145,106 +146,159 @@ class NiahCase:
         return self.n_tokens - self.edit.p1
 
 
-def _filler(rng: np.random.Generator) -> str:
-    words = [bank[rng.integers(len(bank))] for bank in (_SUBJECTS, _ACTIONS, _PLACES, _TAILS)]
-    return " " + " ".join(words)
+# ---- haystack -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _read_haystack(paths: tuple[Path, ...]) -> tuple[str, ...]:
+    from tasks.multihop import load_items
+
+    seen: dict[str, None] = {}
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"haystack file {path} is missing (the shared data sets live "
+                                    "in ../shared/data beside the repository)")
+        for item in load_items(path):
+            for passage in item.passages:
+                text = " ".join(passage.text.split())
+                if len(text) >= MIN_PARAGRAPH_CHARS:
+                    seen.setdefault(text, None)
+    return tuple(seen)
 
 
-def _values(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` four-digit numbers with distinct leading digits (1-9)."""
+def haystack_paragraphs(paths: Sequence[str | Path] | None = None) -> tuple[str, ...]:
+    """Distinct real paragraphs (whitespace collapsed, >= ``MIN_PARAGRAPH_CHARS`` characters,
+    file order) of HotpotQA / MuSiQue files; by default the two in ``../shared/data``."""
+    return _read_haystack(tuple(Path(p) for p in (paths or HAYSTACK_FILES)))
+
+
+# ---- text -----------------------------------------------------------------------------------
+def fact(key: str, value: str) -> str:
+    """The paragraph stating ``key``'s access code."""
+    return f"The access code for the {key} vault is {value}.{_PARAGRAPH}"
+
+
+def question_text(key: str, answer: str = "list") -> str:
+    if answer == "latest":
+        return f"Question: what is the latest access code stated for the {key} vault?"
+    return f"Question: which access codes are stated for the {key} vault, in order?"
+
+
+def _values(rng: np.random.Generator, n: int, forbidden: str) -> list[str]:
+    """``n`` four-digit codes with distinct leading digits, none a substring of ``forbidden``."""
     leads = rng.permutation(np.arange(1, 10))[:n]
-    return [f"{lead}{rng.integers(0, 1000):03d}" for lead in leads]
+    out = []
+    for lead in leads:
+        while (value := f"{lead}{rng.integers(0, 1000):03d}") in forbidden:
+            pass
+        out.append(value)
+    return out
 
 
-def fact(key: str, value: str, update: bool) -> str:
-    """The sentence stating ``key``'s value (with a leading space)."""
-    if update:
-        return f" Update: the secret number for {key} is now {value}."
-    return f" The secret number for {key} is {value}."
+def _fill(tokenizer: Any, rng: np.random.Generator, pool: Sequence[str],
+          budget: int) -> tuple[list[str], list[int]]:
+    """Seeded paragraphs (each followed by a paragraph break) of at most ``budget`` tokens in
+    all, and their token counts."""
+    picked: list[str] = []
+    sizes: list[int] = []
+    used = misses = 0
+    for i in rng.permutation(len(pool)):
+        if budget - used < 16 or misses > 64:
+            break
+        text = pool[int(i)] + _PARAGRAPH
+        n = len(encode_plain(tokenizer, text))
+        if used + n <= budget:
+            picked.append(text)
+            sizes.append(n)
+            used += n
+        else:
+            misses += 1
+    if not picked:
+        raise ValueError(f"no haystack paragraph fits in {budget} tokens")
+    return picked, sizes
 
 
-def question_text(key: str) -> str:
-    return f"What is the latest secret number for {key}? Answer with the number only."
-
-
-def answer_prefix(key: str) -> str:
-    return f"The latest secret number for {key} is "
-
-
-def make_case(tokenizer: Any, spec: NiahSpec, index: int) -> NiahCase:
+def make_case(tokenizer: Any, spec: NiahSpec, index: int,
+              haystack: Sequence[str] | None = None) -> NiahCase:
     """Case ``index`` of ``spec`` (see the module docstring for the construction)."""
+    pool = haystack if haystack is not None else haystack_paragraphs()
     rng = np.random.default_rng([spec.seed, index])
     target_len = spec.lengths[index % len(spec.lengths)]
     keys = [KEYS[i] for i in rng.permutation(len(KEYS))[: 1 + spec.n_distractors]]
     key, others = keys[0], keys[1:]
-    values = _values(rng, spec.n_updates + spec.n_distractors)
-    target_values, other_values = values[: spec.n_updates], values[spec.n_updates :]
     head, tail = chat_template_parts(tokenizer, spec.chat)
+    intro = _INTRO[spec.answer] + _PARAGRAPH
+    question = question_text(key, spec.answer)
+    q_cached = question if spec.question_in_cache else ""
+    query_text = tail if spec.question_in_cache else question + tail
+    fact_tokens = sum(len(encode_plain(tokenizer, fact(k, "1234")))
+                      for k in [key] * spec.n_values + others)
+    budget = (target_len - len(encode_plain(tokenizer, head + intro))
+              - len(encode_plain(tokenizer, q_cached)) - fact_tokens)
+    paragraphs, sizes = _fill(tokenizer, rng, pool, budget)
+    values = _values(rng, spec.n_values + spec.n_distractors, "".join(paragraphs))
+    target_values, other_values = values[: spec.n_values], values[spec.n_values :]
 
-    # The deleted block, the echoes and the surviving statements; filler sentences around them.
-    edit_block = [_filler(rng) for _ in range(spec.edit_filler)]
-    edit_block += [fact(key, target_values[-1], True)]
-    edit_block += [_filler(rng) for _ in range(spec.edit_filler)]
-    echoes = [_ECHOES[i % len(_ECHOES)].format(key=key) for i in range(spec.echoes)]
-    fixed = [fact(key, v, i > 0) for i, v in enumerate(target_values[:-1])]
-    others_facts = [fact(k, v, False) for k, v in zip(others, other_values, strict=True)]
-    fixed_tokens = sum(len(encode_plain(tokenizer, t)) for t in fixed + others_facts + edit_block + echoes)
-    budget = target_len - len(encode_plain(tokenizer, head + INTRO)) - fixed_tokens
+    # Slot j holds the facts placed before paragraph j (slot m: after the last one); within a
+    # slot, facts go in tie-break order (distractors first, then the target's in value order).
+    m = len(paragraphs)
+    last = m if spec.question_in_cache or m == 1 else m - 1  # a non-empty suffix if possible
+    # e's slot: the paragraph break nearest to the drawn fraction of the haystack's tokens
+    ends = np.cumsum(sizes)[:last]  # (last,) haystack tokens before slots 1..last
+    target = rng.uniform(*spec.edit_depth) * float(np.sum(sizes))
+    e_slot = 1 + int(np.argmin(np.abs(ends - target)))
+    n_before = spec.n_values - 1 if spec.deleted == "last" else int(rng.integers(spec.n_values))
+    before = np.sort(rng.integers(0, e_slot + 1, size=n_before))
+    after = np.sort(rng.integers(e_slot, last + 1, size=spec.n_values - 1 - n_before))
+    target_slots = [*before.tolist(), e_slot, *after.tolist()]
+    deleted = n_before  # e is the target's fact number n_before, in context order
+    facts: list[tuple[int, float, str, bool]] = []  # (slot, tie-break, text, is e)
+    for k, (slot, value) in enumerate(zip(target_slots, target_values, strict=True)):
+        facts.append((int(slot), float(k), fact(key, value), k == deleted))
+    for k, (other, value) in enumerate(zip(others, other_values, strict=True)):
+        facts.append((int(rng.integers(0, m + 1)), -1.0 - k, fact(other, value), False))
+    facts.sort(key=lambda f: (f[0], f[1]))
 
-    fillers: list[str] = []
-    used = 0
-    while True:
-        sentence = _filler(rng)
-        n = len(encode_plain(tokenizer, sentence)) + (len(fillers) % 6 == 5)  # + paragraph break
-        if used + n > budget:
-            break
-        fillers.append(sentence)
-        used += n
-    n_fill = len(fillers)
-    edit_slot = int(round(rng.uniform(*spec.edit_depth) * n_fill))
-    edit_slot = min(max(edit_slot, spec.n_updates), n_fill - 1)
-    target_slots = np.sort(rng.choice(np.arange(1, edit_slot), spec.n_updates - 1, replace=False))
-    other_slots = rng.integers(1, int(target_slots[-1]) + 1, size=len(others_facts))
-
-    # Assemble: sentence slot j holds the facts placed there, then filler j.
-    before: dict[int, list[str]] = {}
-    for slot, text in zip(other_slots, others_facts, strict=True):
-        before.setdefault(int(slot), []).append(text)
-    for slot, text in zip(target_slots, fixed, strict=True):
-        before.setdefault(int(slot), []).append(text)
-    p_parts: list[str] = [head, INTRO]
-    s_parts: list[str] = []
+    p_parts, e_parts, s_parts = [head, intro], [], []
     parts = p_parts
-    for j, sentence in enumerate(fillers):
-        if j == edit_slot:
-            parts = s_parts
-            parts.extend(echoes)
-        parts.extend(before.get(j, []))
-        if j and j % 6 == 0:
-            parts.append(_PARAGRAPH)
-        parts.append(sentence.lstrip() if parts and parts[-1].endswith("\n") else sentence)
-    e_parts = edit_block
+    by_slot: dict[int, list[tuple[str, bool]]] = {}
+    for slot, _, text, is_e in facts:
+        by_slot.setdefault(slot, []).append((text, is_e))
+    for j in range(m + 1):
+        for text, is_e in by_slot.get(j, []):
+            if is_e:
+                e_parts.append(text)
+                parts = s_parts
+            else:
+                parts.append(text)
+        if j < m:
+            parts.append(paragraphs[j])
+    if q_cached:
+        s_parts.append(q_cached)
 
     ids_p = [i for t in p_parts for i in encode_plain(tokenizer, t)]
     ids_e = [i for t in e_parts for i in encode_plain(tokenizer, t)]
     ids_s = [i for t in s_parts for i in encode_plain(tokenizer, t)]
-    question = question_text(key)
-    query = encode_plain(tokenizer, _PARAGRAPH + question + tail + answer_prefix(key))
-    tokens = np.asarray(ids_p + ids_e + ids_s, dtype=np.int64)
+    kept = tuple(v for k, v in enumerate(target_values) if k != deleted)
+    if spec.answer == "list":
+        answer, deleted_answer = kept, tuple(target_values)
+    else:
+        answer, deleted_answer = (kept[-1],), (target_values[-1],)
     p0 = len(ids_p)
     return NiahCase(
-        index=index, tokens=tokens, edit=Edit(p0, p0 + len(ids_e)),
-        query=np.asarray(query, dtype=np.int64), question=question,
-        answer=target_values[-2], deleted_answer=target_values[-1], key=key,
-        values=tuple(target_values), p_text="".join(p_parts), e_text="".join(e_parts),
+        index=index, tokens=np.asarray(ids_p + ids_e + ids_s, dtype=np.int64),
+        edit=Edit(p0, p0 + len(ids_e)),
+        query=np.asarray(encode_plain(tokenizer, query_text), dtype=np.int64), question=question,
+        answer=answer, deleted_answer=deleted_answer, key=key, values=tuple(target_values),
+        deleted_index=deleted, p_text="".join(p_parts), e_text="".join(e_parts),
         s_text="".join(s_parts),
     )
 
 
-def niah_cases(tokenizer: Any, spec: NiahSpec | None = None) -> list[NiahCase]:
-    """``spec.n_cases`` cases, deterministic in ``spec`` and the tokenizer."""
+def niah_cases(tokenizer: Any, spec: NiahSpec | None = None,
+               haystack: Sequence[str] | None = None) -> list[NiahCase]:
+    """``spec.n_cases`` cases, deterministic in ``spec``, the haystack and the tokenizer."""
     spec = spec or NiahSpec()
-    return [make_case(tokenizer, spec, i) for i in range(spec.n_cases)]
+    pool = haystack if haystack is not None else haystack_paragraphs()
+    return [make_case(tokenizer, spec, i, pool) for i in range(spec.n_cases)]
 
 
 # ---- scoring ------------------------------------------------------------------------------
@@ -254,7 +308,8 @@ RESPONSE_MARKERS = ("<|im_start|>assistant\n", "<start_of_turn>model\n")
 
 def response_text(text: str, prefix: str | None = None) -> str:
     """The part of ``text`` after the response boundary: after the last answer ``prefix`` if
-    given and present, else after the last assistant marker, else all of it; first line only."""
+    given and present, else after the last assistant marker, else all of it; first non-empty
+    line only."""
     cut = -1
     if prefix and prefix.strip() and prefix.strip() in text:
         cut = text.rindex(prefix.strip()) + len(prefix.strip())
@@ -263,13 +318,16 @@ def response_text(text: str, prefix: str | None = None) -> str:
             if marker in text:
                 cut = max(cut, text.rindex(marker) + len(marker))
     body = text[cut:] if cut >= 0 else text
-    body = body.lstrip()
-    return body.split("\n", 1)[0]
+    lines = [line for line in body.splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
 
 
 def parse_numbers(text: str, prefix: str | None = None) -> list[str]:
-    """Numbers in the response, in order and with repeats (``"4,821"`` reads as ``4821``)."""
-    return [m.replace(",", "") for m in _NUMBER.findall(response_text(text, prefix))]
+    """Codes in the response, in order and with repeats. A comma between digits with a space
+    after it separates two codes (``"4821, 7730"``); without one it is a thousands separator
+    (``"4,821"`` reads as ``4821``)."""
+    body = re.sub(r",\s+", " ", response_text(text, prefix))
+    return [m.replace(",", "") for m in _NUMBER.findall(body)]
 
 
 def score(text: str, gold: str | Sequence[str], prefix: str | None = None) -> bool:
