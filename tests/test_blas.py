@@ -126,6 +126,70 @@ print(json.dumps({{"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
 
 
 @linux_only
+def test_one_row_and_one_column_products_are_routed_to_sgemv() -> None:
+    # Every layout of a one-row (decode step) and a one-column product, with alpha/beta, equals
+    # numpy with the routing on, and equals the same call with sgemm; each went through sgemv.
+    result = run_child(
+        PRELUDE
+        + """
+from nexus_mlx._platform.blas import set_gemv_routing
+
+def thin_cases():
+    for mm, k, n in ((1, 23, 19), (1, 1, 1), (37, 23, 1), (1, 23, 1)):
+        a, b = rand((mm, k), np.float32), rand((k, n), np.float32)
+        at, bt = np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)
+        yield f"{mm}x{k}x{n} plain", m(a), m(b), a @ b
+        yield f"{mm}x{k}x{n} transposed_a", m(at).T, m(b), a @ b
+        yield f"{mm}x{k}x{n} transposed_b", m(a), m(bt).T, a @ b
+        yield f"{mm}x{k}x{n} transposed_both", m(at).T, m(bt).T, a @ b
+    wide = rand((23, 41), np.float32)
+    yield "1x23x19 sliced_b", m(a := rand((1, 23), np.float32)), m(wide)[:, 3:22], a @ wide[:, 3:22]
+    yield "37x23x1 sliced_b", m(t := rand((37, 23), np.float32)), m(wide)[:, 5:6], t @ wide[:, 5:6]
+    rows = rand((3, 1, 23), np.float32), rand((3, 23, 19), np.float32)
+    yield "batched rows", m(rows[0]), m(rows[1]), rows[0] @ rows[1]
+
+failures, routed = [], []
+for on in (True, False):
+    assert set_gemv_routing(on) == on
+    for name, x, y, expected in thin_cases():
+        before = shim_call_counts()["sgemm_as_sgemv"]
+        got = cpu_matmul(x, y)
+        routed.append((on, shim_call_counts()["sgemm_as_sgemv"] - before))
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+            failures.append((on, name))
+    set_gemv_routing(on)
+    a, b, c = rand((1, 23), np.float32), rand((23, 19), np.float32), rand((1, 19), np.float32)
+    out = np.array(mx.addmm(m(c), m(a), m(b), alpha=1.5, beta=-0.5, stream=mx.cpu))
+    if not np.allclose(out, 1.5 * (a @ b) - 0.5 * c, rtol=1e-5, atol=1e-5):
+        failures.append((on, "addmm"))
+print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
+                  "failures": failures, "routed": routed}))
+"""
+    )
+    assert result["loaded"], result["reason"]
+    assert result["failures"] == []
+    on = [n for flag, n in result["routed"] if flag]
+    off = [n for flag, n in result["routed"] if not flag]
+    assert all(n >= 1 for n in on), on
+    assert all(n == 0 for n in off), off
+
+
+@linux_only
+def test_gemv_routing_can_be_off_from_the_start() -> None:
+    result = run_child(
+        PRELUDE
+        + """
+x, w = m(rand((1, 23), np.float32)), m(rand((23, 19), np.float32))
+cpu_matmul(x, w)
+print(json.dumps({"routed": shim_call_counts()["sgemm_as_sgemv"],
+                  "sgemm": shim_call_counts()["sgemm"]}))
+""",
+        {"NEXUS_MLX_GEMV": "0"},
+    )
+    assert result["routed"] == 0 and result["sgemm"] >= 1
+
+
+@linux_only
 def test_shim_wins_global_symbol_resolution() -> None:
     result = run_child(
         """

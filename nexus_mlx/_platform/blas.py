@@ -8,6 +8,12 @@ the process's global symbol scope. libmlx.so imports ``cblas_sgemm``/``cblas_dge
 mlx's own (reference, 30-50x slower) libblas, so every MLX CPU matmul in float32, float64 and
 complex64 then runs on OpenBLAS. This works only if it happens *before* ``mlx.core`` is loaded.
 
+One-row and one-column single-precision products (``m == 1`` or ``n == 1``: every projection of
+a decode step) go to OpenBLAS's ``sgemv`` instead of ``sgemm``, which packs the whole weight
+matrix for them (2-3x slower than one read of it); :func:`set_gemv_routing` turns that off and
+on, ``NEXUS_MLX_GEMV=0`` keeps it off from the start. The product is the same either way (up to
+float32 summation order).
+
 Only the three GEMMs are forwarded. MLX's LAPACK calls (``mx.linalg`` factorizations) keep the
 bundled reference LAPACK/BLAS: they are not on any hot path here, and forwarding ~20 Fortran
 routines would add surface without speeding up matmul.
@@ -33,9 +39,11 @@ from pathlib import Path
 from nexus_mlx._platform import cbuild as _cbuild
 from nexus_mlx.errors import BuildError
 
-__all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "shim_call_counts"]
+__all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "set_gemv_routing",
+           "shim_call_counts"]
 
 ENV_VAR = "NEXUS_MLX_BLAS"
+GEMV_ENV_VAR = "NEXUS_MLX_GEMV"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIM_NAME = "_blas_shim.so"
 _SHIM_SOURCE = _PACKAGE_DIR / "csrc" / "blas_shim.c"
@@ -68,6 +76,7 @@ class BlasStatus:
 _status: BlasStatus | None = None
 _keep_alive: list[ctypes.CDLL] = []  # dlopen handles must outlive the process's use of them
 _shim: ctypes.CDLL | None = None
+_sgemv_address: int | None = None
 
 
 def _disabled_by_env() -> bool:
@@ -146,6 +155,13 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
     shim.nexus_blas_call_count.restype = ctypes.c_longlong
     _keep_alive.extend([openblas, shim, promoted])
     _shim = shim
+    global _sgemv_address
+    if hasattr(shim, "nexus_blas_set_sgemv"):  # a shim built from an older source has none
+        shim.nexus_blas_set_sgemv.argtypes = [ctypes.c_void_p]
+        shim.nexus_blas_set_sgemv.restype = None
+        _sgemv_address = _address(openblas, f"{prefix}cblas_sgemv")
+    set_gemv_routing(os.environ.get(GEMV_ENV_VAR, "").strip().lower() not in ("0", "false", "no",
+                                                                              "off"))
     # Check the global scope now resolves cblas_sgemm to the shim (an LD_PRELOADed BLAS would win).
     process = ctypes.CDLL(None)
     for g in _GEMMS:
@@ -202,14 +218,25 @@ def ensure_fast_blas() -> BlasStatus:
     return _status
 
 
+def set_gemv_routing(enabled: bool) -> bool:
+    """Compute one-row / one-column ``sgemm`` calls with ``sgemv`` (``enabled``) or not; return
+    whether routing is now on (False when the shim is not loaded or the library has no sgemv)."""
+    if _shim is None or _sgemv_address is None:
+        return False
+    _shim.nexus_blas_set_sgemv(_sgemv_address if enabled else None)
+    return enabled
+
+
 def shim_call_counts() -> dict[str, int]:
-    """Number of GEMM calls forwarded so far, e.g. ``{"sgemm": 3, "dgemm": 0, "cgemm": 0}``.
+    """Number of GEMM calls forwarded so far, e.g. ``{"sgemm": 3, "dgemm": 0, "cgemm": 0,
+    "sgemm_as_sgemv": 2}`` (the last: sgemm calls of those computed by sgemv).
 
     All zeros when the shim is not loaded.
     """
+    names = (*_GEMMS, "sgemm_as_sgemv")
     if _shim is None:
-        return {g: 0 for g in _GEMMS}
-    return {g: int(_shim.nexus_blas_call_count(i)) for i, g in enumerate(_GEMMS)}
+        return {g: 0 for g in names}
+    return {g: int(_shim.nexus_blas_call_count(i)) for i, g in enumerate(names)}
 
 
 BLAS_STATUS: BlasStatus = ensure_fast_blas()

@@ -9,9 +9,16 @@
  *   - nexus_blas_init() takes the addresses of the target library's sgemm/dgemm/cgemm (for
  *     scipy-openblas32: scipy_cblas_sgemm, ...), found by the Python loader
  *     (nexus_mlx/_platform/blas.py). It returns 0 on success, 1 if any address is NULL.
+ *   - One exception to "unchanged": once nexus_blas_set_sgemv() has been given the target's
+ *     cblas_sgemv, an sgemm whose result is one row or one column (m == 1 or n == 1, k > 0; a
+ *     decode step's every projection) is computed by that sgemv instead, the same product in
+ *     the same order of operands. Why: OpenBLAS's sgemm packs the whole weight matrix for a
+ *     one-row product, 2-3x slower than reading it once in sgemv. With beta == 0 the output is
+ *     zeroed first, so uninitialized memory (MLX's outputs) never reaches the result, whatever
+ *     the library does with 0 * NaN. nexus_blas_set_sgemv(NULL) turns the routing off.
  *   - nexus_blas_call_count(which) reports how many calls went through each forwarder
- *     (0 = sgemm, 1 = dgemm, 2 = cgemm; -1 for anything else), so tests can prove MLX calls
- *     land here.
+ *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv; -1 for anything
+ *     else), so tests can prove MLX calls land here.
  *
  * What it does not know: which library the pointers belong to, how it was loaded, or how
  * symbol resolution makes libmlx.so see these symbols (the loader dlopens this file with
@@ -23,12 +30,15 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NEXUS_EXPORT __attribute__((visibility("default")))
 
 typedef void (*sgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
                          int ldc);
+typedef void (*sgemv_fn)(int order, int trans, int m, int n, float alpha, const float *a,
+                         int lda, const float *x, int incx, float beta, float *y, int incy);
 typedef void (*dgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
                          const double *a, int lda, const double *b, int ldb, double beta,
                          double *c, int ldc);
@@ -39,7 +49,10 @@ typedef void (*cgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int 
 static sgemm_fn target_sgemm = NULL;
 static dgemm_fn target_dgemm = NULL;
 static cgemm_fn target_cgemm = NULL;
-static unsigned long long call_counts[3] = {0, 0, 0};
+static sgemv_fn target_sgemv = NULL; /* NULL: no routing of one-row/one-column products */
+static unsigned long long call_counts[4] = {0, 0, 0, 0};
+
+enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
 
 static void count_call(int which) {
     __atomic_fetch_add(&call_counts[which], 1ULL, __ATOMIC_RELAXED);
@@ -61,11 +74,65 @@ NEXUS_EXPORT int nexus_blas_init(void *sgemm, void *dgemm, void *cgemm) {
     return 0;
 }
 
+NEXUS_EXPORT void nexus_blas_set_sgemv(void *sgemv) {
+    __atomic_store_n(&target_sgemv, (sgemv_fn)sgemv, __ATOMIC_RELEASE);
+}
+
 NEXUS_EXPORT long long nexus_blas_call_count(int which) {
-    if (which < 0 || which > 2) {
+    if (which < 0 || which > 3) {
         return -1;
     }
     return (long long)__atomic_load_n(&call_counts[which], __ATOMIC_RELAXED);
+}
+
+/* Zero the `count` floats of y spaced `inc` apart (beta == 0: y is output only). */
+static void zero_strided(float *y, int count, int inc) {
+    if (inc == 1) {
+        memset(y, 0, (size_t)count * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        y[(size_t)i * (size_t)inc] = 0.0f;
+    }
+}
+
+/*
+ * C = alpha * op(A) * op(B) + beta * C with m == 1 or n == 1, as one sgemv. Row-major
+ * throughout (a column-major call is the row-major product of the transposes, operands
+ * swapped). Returns 0 when the shape is not one it handles, and the caller runs sgemm.
+ *   m == 1: c (1 x n) = alpha * x (1 x k) * op(B) + beta * c, i.e. c^T = op(B)^T x^T: sgemv over
+ *           B stored k x n (no trans: transposed read) or n x k (trans: plain read); x is A's
+ *           only row (stride 1) or, for a transposed A stored k x 1, its column (stride lda).
+ *   n == 1: c (m x 1) = alpha * op(A) * x + beta * c: sgemv over A, x is op(B)'s only column
+ *           (B stored k x 1: stride ldb; transposed, 1 x k: stride 1), c's column has stride ldc.
+ */
+static int sgemm_as_gemv(sgemv_fn gemv, int order, int trans_a, int trans_b, int m, int n, int k,
+                         float alpha, const float *a, int lda, const float *b, int ldb,
+                         float beta, float *c, int ldc) {
+    if (order == COL_MAJOR) {
+        return sgemm_as_gemv(gemv, ROW_MAJOR, trans_b, trans_a, n, m, k, alpha, b, ldb, a, lda,
+                             beta, c, ldc);
+    }
+    if (order != ROW_MAJOR) {
+        return 0;
+    }
+    int a_plain = trans_a == NO_TRANS, b_plain = trans_b == NO_TRANS;
+    if (m == 1) {
+        int trans = b_plain ? TRANS : NO_TRANS; /* op(B)^T: B read transposed iff stored k x n */
+        int rows = b_plain ? k : n, cols = b_plain ? n : k;
+        if (beta == 0.0f) {
+            zero_strided(c, n, 1);
+        }
+        gemv(ROW_MAJOR, trans, rows, cols, alpha, b, ldb, a, a_plain ? 1 : lda, beta, c, 1);
+        return 1;
+    }
+    int trans = a_plain ? NO_TRANS : TRANS;
+    int rows = a_plain ? m : k, cols = a_plain ? k : m;
+    if (beta == 0.0f) {
+        zero_strided(c, m, ldc);
+    }
+    gemv(ROW_MAJOR, trans, rows, cols, alpha, a, lda, b, b_plain ? ldb : 1, beta, c, ldc);
+    return 1;
 }
 
 NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
@@ -75,6 +142,13 @@ NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n,
         uninitialized("cblas_sgemm");
     }
     count_call(0);
+    sgemv_fn gemv = __atomic_load_n(&target_sgemv, __ATOMIC_ACQUIRE);
+    if (gemv != NULL && k > 0 && (m == 1 || n == 1) &&
+        sgemm_as_gemv(gemv, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                      ldc)) {
+        count_call(3);
+        return;
+    }
     target_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
