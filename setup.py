@@ -25,6 +25,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SHIM_MODULE = "nexus_mlx._platform._blas_shim"
+SHIM_SOURCE = "nexus_mlx/_platform/csrc/blas_shim.c"
 SCAN_MODULE = "nexus_mlx._platform._int8_scan"
 SCAN_SOURCE = "nexus_mlx/_platform/csrc/int8_scan.c"
 PLAIN_LIBRARIES = (SHIM_MODULE, SCAN_MODULE)
@@ -54,7 +55,8 @@ if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
             SHIM_MODULE,
-            sources=["nexus_mlx/_platform/csrc/blas_shim.c"],
+            sources=[SHIM_SOURCE],
+            define_macros=[("NEXUS_BLAS_SOURCE_ID", f'"{_source_id(SHIM_SOURCE)}"')],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )
     )

@@ -306,3 +306,29 @@ print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim}))
     assert first["loaded"]
     assert first["shim"].startswith(str(tmp_path / "cache" / "nexus-mlx"))
     assert second["shim"] == first["shim"]  # reused, keyed by the source hash
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no system C compiler")
+def test_a_build_older_than_its_source_is_replaced_by_a_fresh_one(tmp_path: Path) -> None:
+    # A checkout whose packaged shim was built from another source (here: one without the source
+    # hash) runs a shim compiled from today's source, not the stale one.
+    shutil.copytree(
+        PACKAGE, tmp_path / "nexus_mlx", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    stale = tmp_path / "nexus_mlx" / "_platform" / "_blas_shim.so"
+    source = tmp_path / "nexus_mlx" / "_platform" / "csrc" / "blas_shim.c"
+    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", str(source), "-o",
+                    str(stale)], check=True, timeout=120)
+    result = run_child(
+        """
+import json
+import nexus_mlx
+from nexus_mlx._platform.blas import BLAS_STATUS
+print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim}))
+""",
+        {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": None},
+        cwd=tmp_path,
+    )
+    assert result["loaded"]
+    assert result["shim"].startswith(str(tmp_path / "cache" / "nexus-mlx"))

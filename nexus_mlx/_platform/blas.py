@@ -121,16 +121,42 @@ def _compile_shim() -> Path:
     """Compile csrc/blas_shim.c into the user cache (keyed by the source hash); return its path."""
     if not _SHIM_SOURCE.is_file():
         raise BuildError(f"shim not built and its source {_SHIM_SOURCE} is missing")
-    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
+    digest = _cbuild.source_digest(_SHIM_SOURCE)
+    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", f'-DNEXUS_BLAS_SOURCE_ID="{digest}"')
     try:
         return _cbuild.build_shared_library(_SHIM_SOURCE, "blas_shim", flags, timeout=120)
     except BuildError as exc:
         raise BuildError(f"the shim is not built and building it failed: {exc}") from exc
 
 
+def _built_from_current_source(path: Path) -> bool:
+    """Whether the library at ``path`` says it was built from today's csrc/blas_shim.c (True when
+    the source is not shipped: nothing to compare with)."""
+    if not _SHIM_SOURCE.is_file():
+        return True
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+        source_id = getattr(lib, "nexus_blas_source_id", None)
+        if source_id is None:
+            return False
+        source_id.restype = ctypes.c_char_p
+        return bool(source_id() == _cbuild.source_digest(_SHIM_SOURCE).encode())
+    except OSError:
+        return False
+
+
 def _find_shim() -> Path:
+    """The packaged shim when it is current, else one compiled from the source (a checkout whose
+    build is older than its source must not run yesterday's shim)."""
     packaged = _PACKAGE_DIR / _SHIM_NAME
-    return packaged if packaged.is_file() else _compile_shim()
+    if not packaged.is_file():
+        return _compile_shim()
+    if _built_from_current_source(packaged):
+        return packaged
+    try:
+        return _compile_shim()
+    except BuildError:  # no compiler: an older shim still forwards every GEMM
+        return packaged
 
 
 def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:

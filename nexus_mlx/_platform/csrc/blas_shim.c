@@ -16,6 +16,8 @@
  *     one-row product, 2-3x slower than reading it once in sgemv. With beta == 0 the output is
  *     zeroed first, so uninitialized memory (MLX's outputs) never reaches the result, whatever
  *     the library does with 0 * NaN. nexus_blas_set_sgemv(NULL) turns the routing off.
+ *   - nexus_blas_source_id() returns the source hash it was built from (-DNEXUS_BLAS_SOURCE_ID,
+ *     "unknown" without it), so the loader can tell a stale build from the current source.
  *   - nexus_blas_call_count(which) reports how many calls went through each forwarder
  *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv; -1 for anything
  *     else), so tests can prove MLX calls land here.
@@ -33,6 +35,10 @@
 #include <string.h>
 
 #define NEXUS_EXPORT __attribute__((visibility("default")))
+
+#ifndef NEXUS_BLAS_SOURCE_ID
+#define NEXUS_BLAS_SOURCE_ID "unknown"
+#endif
 
 typedef void (*sgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
@@ -73,6 +79,8 @@ NEXUS_EXPORT int nexus_blas_init(void *sgemm, void *dgemm, void *cgemm) {
     target_cgemm = (cgemm_fn)cgemm;
     return 0;
 }
+
+NEXUS_EXPORT const char *nexus_blas_source_id(void) { return NEXUS_BLAS_SOURCE_ID; }
 
 NEXUS_EXPORT void nexus_blas_set_sgemv(void *sgemv) {
     __atomic_store_n(&target_sgemv, (sgemv_fn)sgemv, __ATOMIC_RELEASE);
