@@ -77,7 +77,7 @@ from nexus_mlx.routing.lexical import BM25Index, words
 from nexus_mlx.routing.router import DEFAULT_K, DEFAULT_LEXICAL_WEIGHT, Router
 from nexus_mlx.routing.slb import SemanticLookasideBuffer
 from routing_eval import (
-    CONTEXT_WINDOW,
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_CACHE,
     EMBEDDER_ID,
     SEAL_DEV,
@@ -93,6 +93,7 @@ from routing_eval import (
     heldout_queries,
     load_queries,
     log,
+    context_window,
     oracle_tokens,
     quick_pool,
     schema_line,
@@ -130,6 +131,7 @@ class Setup:
     lexical_weight: float = 0.0
     tool_texts: list[str] | None = None  # the text embedded (and BM25-indexed) per pool tool
     tool_terms: list[list[str]] | None = None  # its BM25 terms
+    context_window: int = DEFAULT_CONTEXT_WINDOW  # the reranking LLM's (the oracle's overflow)
 
 
 def lexical_index(setup: Setup, idx: np.ndarray) -> BM25Index | None:
@@ -194,9 +196,10 @@ def run_cell(setup: Setup, n: int, oracle_n: int, oracle_max_tokens: int) -> dic
         rows.append(row)
         if setup.oracle is not None and qi < oracle_n:
             tools = [setup.tools[i] for i in idx]
-            length = oracle_tokens(setup.tokenizer, tools, query.text, setup.line_tokens)
+            length = oracle_tokens(setup.tokenizer, tools, query.text, setup.line_tokens,
+                                   setup.context_window)
             record: dict[str, Any] = {"q": qi, "prompt_tokens": length}
-            if length > CONTEXT_WINDOW:
+            if length > setup.context_window:
                 record["status"] = "overflow"
             elif length > oracle_max_tokens:
                 record["status"] = "skipped"
@@ -363,7 +366,9 @@ def parse_args() -> Any:
                         help="BM25 fusion weight of the router (the library default; 0: the "
                              "SLB cosine alone)")
     parser.add_argument("--oracle-n", type=int, default=10)
-    parser.add_argument("--oracle-max-tokens", type=int, default=CONTEXT_WINDOW)
+    parser.add_argument("--oracle-max-tokens", type=int, default=DEFAULT_CONTEXT_WINDOW,
+                        help="longest concat-all prompt run (a time bound; longer ones that fit "
+                             "the model's window are 'skipped', those beyond it 'overflow')")
     parser.add_argument("--no-levers", action="store_true")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embedding cache dir")
     parser.add_argument("--tag", default="", help="suffix of the result name")
@@ -436,6 +441,7 @@ def main() -> dict[str, Any]:
         lexical_weight=args.lexical_weight,
         tool_texts=tool_texts,
         tool_terms=[words(t) for t in tool_texts],
+        context_window=context_window(model),
     )
     # Correctness before measuring: the cached vectors are the embedder's, and the
     # precomputed query path equals embedding the query afresh.
@@ -479,7 +485,7 @@ def main() -> dict[str, Any]:
                                 "tau = calibrate(slb, held-out dev-difficult query vectors)",
             "embedder": EMBEDDER_ID, "llm": model_record(args.model, model)["model"],
             "oracle_n": oracle_n, "oracle_max_tokens": oracle_max,
-            "context_window": CONTEXT_WINDOW,
+            "context_window": setup.context_window,
             "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         },
         **model_record(args.model, model),

@@ -16,7 +16,8 @@ Contract:
   across runs, keyed by the model's fingerprint and the exact token ids it reads (another model,
   tokenizer or template never reuses a score); ``MemoReranker`` memoises any reranker within a run; ``ConcatAllOracle`` scores
   names with every tool's full JSON schema in the prompt; ``oracle_tokens`` is its prompt
-  length (a lower bound once it cannot fit ``CONTEXT_WINDOW``).
+  length (a lower bound once it cannot fit ``window``); ``context_window(model)`` is the
+  model's own limit (``max_position_embeddings``; ``DEFAULT_CONTEXT_WINDOW`` if it has none).
 - ``wilson(k, n)`` is the Wilson score 95% interval of ``k / n``.
 
 It is not a benchmark (``nexus-mlx bench`` and ``make bench-quick`` skip it): it times nothing,
@@ -45,6 +46,7 @@ import numpy as np
 
 from nexus_mlx.tools.registry import ToolRegistry, text_for_embedding
 from nexus_mlx.tools.tool import Tool, sanitize_name
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.routing.embedder import Embedder
@@ -57,7 +59,7 @@ SEAL_DEV = DATA / "seal-tools" / "dev.jsonl"
 GITHUB_TOOLS = DATA / "github-mcp" / "tools.json"
 GITHUB_QUERIES = ROOT / "bench" / "github_queries.jsonl"
 EMBEDDER_ID = "all-MiniLM-L6-v2"
-CONTEXT_WINDOW = 8192  # SmolLM2-135M-Instruct's max_position_embeddings
+DEFAULT_CONTEXT_WINDOW = 8192  # for a model whose config names no max_position_embeddings
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nexus-mlx-bench"
 PREFILL_CHUNK = 512  # long oracle prompts are prefilled in chunks (bounded attention memory)
 
@@ -266,12 +268,17 @@ class ConcatAllOracle(LLMReranker):
         return sorted(scored, key=lambda pair: -pair[1])
 
 
+def context_window(model: Any) -> int:
+    """The longest prompt ``model`` was trained for (its ``max_position_embeddings``)."""
+    return model_plan(model).max_position or DEFAULT_CONTEXT_WINDOW
+
+
 def oracle_tokens(tokenizer: Any, tools: Sequence[Tool], query: str,
-                  line_tokens: dict[str, int]) -> int:
-    """Prompt length of the oracle plus its longest name; exact when the listing could fit,
-    else a lower bound from per-line token counts (enough to say "overflow")."""
+                  line_tokens: dict[str, int], window: int) -> int:
+    """Prompt length of the oracle plus its longest name; exact when the listing could fit
+    ``window`` tokens, else a lower bound from per-line token counts (enough to say "overflow")."""
     bound = sum(line_tokens[t.qualified_name] for t in tools)
-    if bound > CONTEXT_WINDOW:
+    if bound > window:
         return bound
     listing = "\n".join(f"- {schema_line(t)}" for t in tools)
     ids = chat_prompt(tokenizer, INSTRUCTION.format(tools=listing, query=query), CALL_PREFIX)
