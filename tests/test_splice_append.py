@@ -115,6 +115,28 @@ def test_query_directed_seam_with_request_equals_separate_calls(default_model):
         assert _diff(one.keys(i), separate.keys(i)) <= TOL
 
 
+def test_query_directed_seam_at_full_budget_scores_nothing_and_is_a_prefill(monkeypatch):
+    """At depth >= M * K the default curve re-decodes the whole block: curve="sur" then has no
+    choice to make, so it runs no selection and costs (and equals) the text prefill."""
+    import nexus_mlx.blocks.splicing as splicing
+
+    def no_selection(*_args, **_kwargs):
+        raise AssertionError("a selection of every row was scored")
+
+    monkeypatch.setattr(splicing, "_query_directed", no_selection)
+    model = tiny_model("llama")
+    block = compile_block(model, None, SCHEMA)
+    history = list(np.arange(1024) % VOCAB)
+    assert Curve().tokens(len(SCHEMA), len(history)) == len(SCHEMA)
+    cache, text = _cache_after(model, history), _cache_after(model, history)
+    res = splice(model, cache, block, curve="sur", query=QUERY, tokenizer=object(), append=QUERY)
+    want = forward(model, SCHEMA + QUERY, text, logits="last")
+    assert res.path == "prefill" and res.recomputed == len(SCHEMA)
+    assert _diff(res.logits, want) <= TOL
+    for i in range(cache.num_layers):
+        assert _diff(cache.keys(i), text.keys(i)) <= TOL
+
+
 @pytest.mark.parametrize("append, error", [([VOCAB], TokenError), ([1.5], TokenError)])
 def test_bad_append_is_refused_and_cache_unchanged(append, error):
     model = tiny_model("llama")

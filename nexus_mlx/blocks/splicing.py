@@ -22,7 +22,8 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())`` is ``plan_spli
    exactly a text prefill. With ``curve="sur"`` (beyond the paper: query-directed seam repair)
    the same number of block tokens as the default curve asks for is recomputed, but chosen by
    Semantic-Unit Refresh against the next query (``query`` and ``tokenizer`` required) instead
-   of the trailing ones. It runs inside ``cache.transaction()``: should anything fail there
+   of the trailing ones; when that number is the whole block nothing is scored (a choice of
+   all rows is no choice). It runs inside ``cache.transaction()``: should anything fail there
    (nothing a plan can foresee), the live rows, positions, token ids and ``n_past`` are put back.
 
 One pass per turn: ``append`` (e.g. the next request's tokens, at positions right after the
@@ -201,8 +202,10 @@ def plan_splice(
     trailing = curve if isinstance(curve, Curve) else Curve()
     r_pct, count = trailing.percent(n_past), trailing.tokens(s, n_past)
     t0 = time.perf_counter()
-    if isinstance(curve, str):  # "sur"
-        picked = _query_directed(model, tokenizer, block, query, count) if count else none
+    if isinstance(curve, str) and 0 < count < s:  # "sur" choosing a part of the block
+        picked = _query_directed(model, tokenizer, block, query, count)
+    elif isinstance(curve, str):  # nothing or everything: no choice to score
+        picked = np.arange(count, dtype=np.int64)
     else:
         picked = np.arange(s - count, s, dtype=np.int64)
     timings["select"] = time.perf_counter() - t0
