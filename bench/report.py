@@ -45,6 +45,14 @@ from report_format import (  # fmt, fmt_ci, fmt_pct: also the public number form
     scalar_rows,
     table,
 )
+from report_agents import (
+    agent_run_section,
+    function_calling_section,
+    ir_hints_section,
+    routing_levers_section,
+    server_section,
+    session_section,
+)
 from report_sections import (
     PAPER,
     blas_section,
@@ -91,6 +99,7 @@ class Bench:
 
 
 P1, P2, ENG = "Paper 1: Nexus", "Paper 2: Semantic-Unit Refresh", "Engineering benchmarks"
+AGENTS = "Agents: sessions, server, function calling"
 BENCHES: tuple[Bench, ...] = (
     Bench("routing_accuracy", "Fig. 1: routing accuracy vs registry size", P1, routing_section),
     Bench("calibration", "Margin-gate calibration (tau, fire rate)", P1, calibration_section),
@@ -105,6 +114,17 @@ BENCHES: tuple[Bench, ...] = (
           variants=True),
     Bench("repair_qa", "Table 7: multi-hop QA after a deletion", P2, qa_section),
     Bench("packed_refresh", "Table 8: packed vs sequential refresh", P2, packed_section),
+    Bench("function_calling", "Function calling end to end (parsed-call scoring)", AGENTS,
+          function_calling_section, variants=True),
+    Bench("routing_levers", "Routing levers: tool text and BM25 fusion", AGENTS,
+          routing_levers_section),
+    Bench("ir_hints", "Compressed IR with per-argument format hints", AGENTS, ir_hints_section,
+          variants=True),
+    Bench("agent_session", "Live sessions: TTFT and fidelity by edit class", AGENTS,
+          session_section),
+    Bench("server", "Server over HTTP vs mlx_lm.server", AGENTS, server_section),
+    Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,
+          agent_run_section, command="python bench/agent_run.py --model qwen2.5-coder-0.5b"),
     Bench("blas", "BLAS: MLX CPU matmul vs numpy", ENG, blas_section),
     Bench("engine", "Engine: prefill and decode vs mlx-lm", ENG, engine_section),
     Bench("slb_latency", "SLB scan latency and INT8 recall", ENG, slb_section),
@@ -236,7 +256,7 @@ def render_report(results_dir: str | os.PathLike[str] = "results",
                                                                 "is present._"]
     body += ["", "## Unreadable", ""]
     body += [f"- `{name}`: {cell(error)}" for name, error in sorted(unreadable)] or ["_None._"]
-    contents = ["Contents: " + ", ".join(f"[{g}](#{_anchor(g)})" for g in (P1, P2, ENG))
+    contents = ["Contents: " + ", ".join(f"[{g}](#{_anchor(g)})" for g in (P1, P2, AGENTS, ENG))
                 + ", [Other results](#other-results), [Missing](#missing), "
                 "[Unreadable](#unreadable).", ""]
     return "\n".join(lines + contents + body) + "\n"

@@ -1,0 +1,142 @@
+"""Report sections of the agent-facing benchmarks: live sessions, the server, the agent loop,
+function calling and the routing / IR levers.
+
+Contract: each ``*_section(d)`` turns one result JSON (the contract in ``bench/<name>.py``'s
+docstring) into markdown lines; missing keys render as ``n/a`` and no renderer raises on partial
+JSON. These benchmarks have no paper table, so the lines hold measured values and the targets
+the result records. It reads no files and does not order sections (:mod:`report` does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from report_format import fmt, fmt_ci, get, mapping, records, sort_by, sorted_keys, table
+
+SESSION_CLASSES = ("append", "tools", "delete", "edit", "deep")
+SERVER_CLASSES = ("append", "tools", "delete", "edit", "edits")
+
+
+def _dict(obj: Any, *path: Any) -> dict[str, Any]:
+    """``obj[path...]`` when it is a JSON object, else an empty dict."""
+    value = get(obj, *path)
+    return value if isinstance(value, dict) else {}
+
+
+def _model_line(d: dict[str, Any]) -> list[str]:
+    model = d.get("model")
+    return [f"Model: {fmt(model if isinstance(model, str) else get(d, 'model', 'spec'))}.", ""]
+
+
+def session_section(d: dict[str, Any]) -> list[str]:
+    """``agent_session``: TTFT and fidelity by arm and edit class."""
+    summary = mapping(d, "summary")
+    rows = []
+    for arm in sorted_keys(summary):
+        for edit in SESSION_CLASSES:
+            c = get(summary, arm, edit)
+            if isinstance(c, dict):
+                rows.append([arm, edit, fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"),
+                             fmt(c.get("speedup_vs_prefix"), ".2f"), fmt(c.get("agree16"), ".3f"),
+                             fmt(c.get("calls_identical"), ".3f"), fmt(c.get("kl"), ".4f"),
+                             fmt(c.get("heal_ms"), ".1f")])
+    head = _model_line(d) + [
+        "TTFT: the step from the previous state to the first token's logits; speed-up over the "
+        "prefix cache (mlx-lm's prompt cache); agree16: first 16 greedy tokens equal to "
+        "re-prefill's; deep: non-append requests at depth >= 1,024 tokens; heal: idle-time "
+        "recompute of stale rows after a reply, off the critical path.", ""]
+    return head + table(["arm", "edit class", "n", "TTFT ms", "vs prefix", "agree16",
+                         "calls identical", "KL", "heal ms"], rows)
+
+
+def server_section(d: dict[str, Any]) -> list[str]:
+    """``server``: TTFT over HTTP vs mlx_lm.server, constraints, concurrency."""
+    summary = _dict(d, "replay", "summary")
+    rows = []
+    for server in sorted_keys(summary):
+        for edit in SERVER_CLASSES:
+            c = get(summary, server, edit)
+            if isinstance(c, dict):
+                rows.append([server, edit, fmt(c.get("n")), fmt(c.get("ttft_ms_mean"), ".1f"),
+                             fmt_ci(c.get("ttft_ms_ci"), ".1f"),
+                             fmt(c.get("ttft_speedup_vs_mlx_lm"), ".2f"),
+                             fmt(c.get("agree_with_mlx_lm"), ".3f"),
+                             fmt(c.get("cached_tokens_mean"), ".0f")])
+    out = _model_line(d) + table(["server", "edit class", "n", "TTFT ms (mean)", "95% CI",
+                                  "vs mlx_lm.server", "reply = mlx_lm.server's",
+                                  "cached tokens"], rows)
+    answers = []
+    for kind in sorted_keys(mapping(d, "constraints")):
+        for name, answer in sorted(_dict(d, "constraints", kind, "answers").items()):
+            if isinstance(answer, dict):
+                answers.append([kind, name, fmt(answer.get("honoured")),
+                                fmt(str(answer.get("detail", ""))[:80])])
+    if answers:
+        out += ["Constraint requests (both servers' answers are in the JSON):", ""]
+        out += table(["request", "server", "honoured", "detail"], answers)
+    conc = mapping(d, "concurrency")
+    if conc:
+        out += [f"Concurrency: {fmt(conc.get('sessions'))} sessions x "
+                f"{fmt(conc.get('requests_per_session'))} requests, {fmt(conc.get('errors'))} "
+                f"errors; latency p50 {fmt(conc.get('latency_ms_p50'), '.0f')} ms, p99 "
+                f"{fmt(conc.get('latency_ms_p99'), '.0f')} ms; peak pool cache "
+                f"{fmt((conc.get('peak_cache_bytes') or 0) / 2**20, '.1f')} MiB of "
+                f"{fmt((conc.get('cache_budget_bytes') or 0) / 2**20, '.0f')} MiB; RSS growth "
+                f"{fmt((conc.get('rss_growth_bytes') or 0) / 2**20, '.1f')} MiB.", ""]
+    return out
+
+
+def agent_run_section(d: dict[str, Any]) -> list[str]:
+    """``agent_run``: each multi-step request, its calls and whether every check passed."""
+    rows = [[fmt(str(r.get("request", ""))[:70]),
+             fmt(", ".join(f"{c.get('name')}{'' if c.get('ok') else ' (refused)'}"
+                           for c in records(r.get("calls"))) or "none"),
+             fmt(str(r.get("answer", "")).strip().replace("\n", " ")[:90]),
+             fmt(r.get("correct")), fmt(r.get("seconds"), ".0f")]
+            for r in records(d.get("records"))]
+    head = _model_line(d) + [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests "
+                             "(every check against the servers' own facts passed).", ""]
+    return head + table(["request", "calls", "answer", "correct", "seconds"], rows)
+
+
+def function_calling_section(d: dict[str, Any]) -> list[str]:
+    """``function_calling``: routing and call accuracy, scored as parsed calls."""
+    keys = ("routing_accuracy", "call_accuracy", "argument_accuracy", "schema_valid")
+    rows = [[k.replace("_", " "), fmt(d.get(k), ".3f"), fmt_ci(d.get(f"{k}_ci"), ".3f"),
+             fmt(get(d, "targets", k), ".2f")] for k in keys]
+    rows += [[k.replace("_", " "), fmt(d.get(k), ".3f"), "", fmt(get(d, "targets", k), ".2f")]
+             for k in ("specified_argument_accuracy", "json_valid")]
+    latency = mapping(d, "latency_ms")
+    head = _model_line(d) + [f"Queries: {fmt(d.get('n'))}; median latency per query "
+                             f"{fmt(get(latency, 'total', 'median'), '.0f')} ms "
+                             f"(route {fmt(get(latency, 'route', 'median'), '.0f')} ms).", ""]
+    return head + table(["measure", "value", "95% CI", "target"], rows)
+
+
+def routing_levers_section(d: dict[str, Any]) -> list[str]:
+    """``routing_levers``: first-stage top-1 of each text / fusion method per registry."""
+    rows = [[fmt(r.get("method")), f"{fmt(r.get('set'))}@{fmt(r.get('N'))}", fmt(r.get("n")),
+             fmt(r.get("top1"), ".3f"), fmt_ci(r.get("top1_ci"), ".3f"), fmt(r.get("top3"), ".3f")]
+            for r in sort_by(records(d.get("rows")), "set", "N", "method")]
+    chosen = mapping(d, "chosen")
+    head = [f"Chosen on `{fmt(chosen.get('on'))}`: `{fmt(chosen.get('method'))}` (tuning top-1 "
+            f"{fmt(chosen.get('tuning_top1'), '.3f')}); held out: "
+            + ", ".join(f"{k} {fmt(v, '.3f')}" for k, v in sorted(
+                mapping(chosen, "held_out").items())) + ".", ""]
+    return head + table(["method", "registry@N", "n", "top-1", "95% CI", "top-3"], rows)
+
+
+def ir_hints_section(d: dict[str, Any]) -> list[str]:
+    """``ir_hints``: IR length and call accuracy with and without per-argument format hints."""
+    accuracy = mapping(d, "accuracy")
+    tokens = mapping(d, "tokens")
+    rows = []
+    for variant in sorted_keys(accuracy):
+        a = accuracy[variant]
+        lengths = [f"{name} {fmt(get(per, variant, 'median'), '.0f')}"
+                   for name, per in sorted(tokens.items()) if get(per, variant) is not None]
+        rows.append([variant, fmt(a.get("n")), fmt(a.get("call_accuracy"), ".3f"),
+                     fmt_ci(a.get("call_ci"), ".3f"), fmt(a.get("argument_accuracy"), ".3f"),
+                     fmt(", ".join(lengths))])
+    return _model_line(d) + table(["IR variant", "n", "call accuracy", "95% CI",
+                                   "argument accuracy", "median IR tokens"], rows)
