@@ -248,6 +248,44 @@ def test_a_deleted_turn_is_repaired_in_place_not_re_encoded(tiny):
     assert edited.usage.prompt_tokens_details.cached_tokens == nexus["reused"] + nexus["spliced"]
 
 
+def test_healing_after_a_reply_leaves_the_next_request_an_exact_cache(tiny):
+    # The deletion leaves stale rows at a 10% budget; --heal-after-reply recomputes them after
+    # the reply, so the follow-up starts from a cache equal to a fresh prefill, and its reply is
+    # the one an exact server gives.
+    from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
+    from nexus_mlx.models.forward import forward, make_cache
+
+    model, _ = tiny
+    long_turn = " ".join(f"Fact {i}: the valve {i} opens at {3 * i} bar." for i in range(12))
+    first = [{"role": "user", "content": "Note: the pump is off."},
+             {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": long_turn}]
+    follow = [*first[2:], {"role": "assistant", "content": "ok"},
+              {"role": "user", "content": "Which valve opens at 9 bar?"}]
+    replies = {}
+    for policy, heal in (("repair", True), ("exact", False)):
+        with running(*tiny, model_name="tiny", policy=policy, budget=10.0,
+                     heal_after_reply=heal) as server:
+            c = client(server)
+            c.chat.completions.create(model="tiny", messages=first, max_tokens=1)
+            edited = c.chat.completions.create(model="tiny", messages=first[2:], max_tokens=2)
+            run_on_mlx_thread(lambda: None)  # the queued heal has run
+            stats = server.engine.stats()
+            if heal:
+                assert edited.usage.model_extra["nexus"]["path"] == "repair"
+                assert stats["healed_rows"] > 0 and stats["heal_failures"] == 0, stats
+                (entry,) = server.engine.pool.entries
+                session = entry.session
+                assert session.stale_rows == 0
+                fresh = forward(model, session.tokens, make_cache(model), logits="last")[0, -1]
+                assert float(mx.max(mx.abs(fresh - session.next_token_logits()))) <= 1e-4
+            else:
+                assert stats["healed_rows"] == 0
+            replies[policy] = c.chat.completions.create(model="tiny", messages=follow,
+                                                        max_tokens=8).choices[0].message.content
+    assert replies["repair"] == replies["exact"]
+
+
 def test_a_seed_makes_sampling_reproducible(tiny_server):
     c = client(tiny_server)
 

@@ -98,6 +98,25 @@ def test_exceptions_reach_the_caller_and_nested_calls_run_inline():
     worker.stop()
 
 
+def test_submitted_calls_run_before_later_ones_and_report_through_their_future():
+    worker = MlxThread("nexus-mlx-test")
+    gate, order = threading.Event(), []
+    blocker = worker.submit(gate.wait, 30)  # holds the worker until set
+    queued = worker.submit(lambda: order.append("submitted") or 1)
+    failing = worker.submit(lambda: 1 / 0)
+    later = threading.Thread(target=lambda: worker.run(lambda: order.append("run")))
+    later.start()
+    assert not queued.done()  # nothing waited for it
+    gate.set()
+    later.join(30)
+    assert blocker.result(30) is True and queued.result(30) == 1
+    assert isinstance(failing.exception(30), ZeroDivisionError)
+    assert order == ["submitted", "run"]
+    inline = worker.run(lambda: worker.submit(lambda: 5))  # on the worker: done at once
+    assert inline.done() and inline.result() == 5
+    worker.stop()
+
+
 def test_a_stopped_worker_restarts_unless_final():
     worker = MlxThread("nexus-mlx-test")
     first = worker.run(threading.current_thread)

@@ -3,7 +3,8 @@
 Contract: :func:`run_on_mlx_thread` ``(fn, *args, **kwargs)`` runs ``fn`` on the process's MLX
 thread and returns its result (or raises its exception) in the caller; calls run one at a time,
 in arrival order. A call made on the MLX thread itself runs inline, so decorated functions may
-call each other. :func:`on_mlx_thread` is the same as a decorator. The thread is a daemon
+call each other. :func:`submit_to_mlx_thread` queues a call the same way without waiting and
+returns its ``Future`` (any call queued after it runs after it). :func:`on_mlx_thread` is the same as a decorator. The thread is a daemon
 started on first use; an ``atexit`` hook stops it after the calls already queued, and it calls
 ``mx.clear_streams()`` as its last act, so its MLX state is released while the interpreter is
 still alive. A call after that hook has run raises ``RuntimeError``. After ``os.fork`` the child
@@ -61,7 +62,18 @@ class MlxThread:
         """``fn(*args, **kwargs)`` on the worker (inline when already there)."""
         if self.is_current():
             return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        """Queue ``fn(*args, **kwargs)`` on the worker; its future (already done when called
+        on the worker: it runs inline)."""
         future: Future[R] = Future()
+        if self.is_current():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
         with self._lock:
             if self._closed:
                 raise RuntimeError(
@@ -75,7 +87,7 @@ class MlxThread:
                 )
                 self._thread.start()
             self._queue.put((future, fn, args, kwargs))
-        return future.result()
+        return future
 
     @staticmethod
     def _serve(tasks: queue.SimpleQueue[_Task | None]) -> None:
@@ -124,6 +136,11 @@ def mlx_thread() -> MlxThread:
 def run_on_mlx_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     """Run ``fn(*args, **kwargs)`` on the MLX thread and return its result."""
     return _WORKER.run(fn, *args, **kwargs)
+
+
+def submit_to_mlx_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+    """Queue ``fn(*args, **kwargs)`` on the MLX thread; return its future without waiting."""
+    return _WORKER.submit(fn, *args, **kwargs)
 
 
 def on_mlx_thread(fn: Callable[P, R]) -> Callable[P, R]:

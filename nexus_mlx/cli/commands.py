@@ -306,7 +306,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model, tokenizer = load(args.model)
         server = Server(model, tokenizer, model_name=args.model, host=host, sock=sock,
                         policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
-                        max_sessions=max_sessions, max_tokens=max_tokens)
+                        max_sessions=max_sessions, max_tokens=max_tokens,
+                        heal_after_reply=args.heal_after_reply)
     except BaseException:
         sock.close()
         raise

@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="live sessions (cached conversations) at most")
     p.add_argument("--max-tokens", type=int, default=512,
                    help="reply tokens at most when a request gives no max_tokens")
+    p.add_argument("--heal-after-reply", action="store_true",
+                   help="(repair) after each reply, recompute the session's stale rows while "
+                   "the client runs its tools, so the next request finds an exact cache")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

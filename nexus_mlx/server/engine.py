@@ -12,6 +12,13 @@ definitions are new to its session. Both calls block and are meant for worker th
   ``max_tokens``: HTTP 400 ``context_length_exceeded``, as OpenAI answers), that the tools'
   schemas and the ``response_format`` compile to grammars. It returns a :class:`Prepared`
   request or an :class:`ApiError`; nothing is cached yet.
+- With ``heal_after_reply=True`` (policy ``repair``), each reply queues a heal of its session's
+  stale rows (:meth:`~nexus_mlx.agent.session.Session.heal`) on the MLX thread right after it
+  is produced and before it is returned, so the next request of that conversation, queued later,
+  finds an exact cache while the client was busy (running the tools the reply asked for);
+  requests on other sessions may wait behind it. Healed rows and failed heals are counted in
+  ``stats()``; a failed heal leaves the session as it was (its transaction) and is not the
+  request's error.
 - ``complete(prepared, on_text, cancel)`` takes a pooled session (the one whose cache keeps the
   most of this conversation, :mod:`.pool`), generates under the request's constraint and
   sampler (greedy at temperature 0), calls ``on_text(text_so_far)`` after each token, and
@@ -27,16 +34,17 @@ shutdown). It knows nothing about HTTP.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
+from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
 from nexus_mlx.agent.session import Policy, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
@@ -48,6 +56,7 @@ from nexus_mlx.server.responses import Completion
 from nexus_mlx.server.sampling import make_sampler
 
 DEFAULT_MAX_TOKENS = 512
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,11 +72,13 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: Policy = "repair",
                  budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True) -> None:
+                 max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True,
+                 heal_after_reply: bool = False) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
         self.policy, self.budget = policy, budget
+        self.heal_after_reply = bool(heal_after_reply) and policy == "repair"
         # the renderer checks the policy and budget once; it never steps
         self.blocks: ToolBlocks | None = None
         self._renderer: Session = run_on_mlx_thread(self._new_session)
@@ -80,6 +91,7 @@ class Engine:
         self._lock = threading.Lock()
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0
+        self.healed_rows = self.heal_failures = 0
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
@@ -140,6 +152,9 @@ class Engine:
                 with self._lock:
                     self.failed += 1
                 raise
+            else:
+                if self.heal_after_reply:
+                    self._heal_later(entry.session)
             finally:
                 self.pool.release(entry)
             with self._lock:
@@ -148,6 +163,20 @@ class Engine:
         finally:
             with self._lock:
                 self._inflight.discard(cancel)
+
+    def _heal_later(self, session: Session) -> None:
+        """Queue a heal of ``session`` on the MLX thread (ahead of any later request)."""
+        submit_to_mlx_thread(session.heal).add_done_callback(self._healed)
+
+    def _healed(self, future: Future[int]) -> None:
+        exc = future.exception()
+        with self._lock:
+            if exc is None:
+                self.healed_rows += int(future.result())
+            else:
+                self.heal_failures += 1
+        if exc is not None:
+            log.warning("healing a session after its reply failed: %s", exc)
 
     def _count_cancelled(self) -> None:
         with self._lock:
@@ -182,5 +211,6 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             counts = {"served": self.served, "cancelled": self.cancelled, "failed": self.failed,
-                      "in_flight": len(self._inflight)}
+                      "in_flight": len(self._inflight), "healed_rows": self.healed_rows,
+                      "heal_failures": self.heal_failures}
         return {**counts, **self.pool.stats()}
