@@ -17,7 +17,7 @@ JSON: {"model", "model_info", "spec", "rows": [{"method", "budget", "em", "agree
 SUR at 5% (the paper's budget) against Shift: both agreements, the difference and its CI.
 Options: --model M (default qwen2.5-coder-0.5b), --data PATH (repeatable; default both shared
 files), --cases N (per file), --methods a,b, --budgets 2,5, --deleted conflict|distractor,
---question-in-query. PNG: results/repair_qa.png.
+--question-in-query, --out NAME (results file name). PNG: results/<out>.png.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def paired_bootstrap(table: dict[str, dict[str, np.ndarray]], ref: str, base: st
     return out
 
 
-def plot(rows: list[dict[str, object]], quick: bool):
+def plot(rows: list[dict[str, object]], name: str, quick: bool):
     """EM / agreement and latency per method; None when matplotlib is missing."""
     try:
         from plots import error_bars, figure, save
@@ -112,7 +112,7 @@ def plot(rows: list[dict[str, object]], quick: bool):
     for ax in axes:
         ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    return save(fig, "repair_qa", quick)
+    return save(fig, name, quick)
 
 
 def main() -> None:
@@ -123,6 +123,7 @@ def main() -> None:
     parser.add_argument("--budgets", default=None)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--deleted", default=QASpec.deleted, choices=("conflict", "distractor"))
+    parser.add_argument("--out", default="repair_qa", help="results file name")
     parser.add_argument("--question-in-query", action="store_true",
                         help="ask the question after the repair instead of caching it")
     args = parser.parse_args()
@@ -198,8 +199,8 @@ def main() -> None:
                 "substitute": c.substitute, "placement": c.placement,
                 **{f"{m}@{b:g}" if b is not None else m: preds[(m, b)][i] for m, b in methods}}
                for i, c in enumerate(cases)]
-    plot(rows, args.quick)
-    emit("repair_qa", {
+    plot(rows, args.out, args.quick)
+    emit(args.out, {
         "model": model_label(info), "model_info": info, "n_cases": len(cases),
         "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "files": [str(p) for p in files], "missing": missing, "rows": rows,

@@ -112,7 +112,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("dkl_sweep", "Fig. 5: bare-splice KL vs offset", P1, dkl_section),
     Bench("repair_niah", "Tables 2-6: Erasing-NIAH by allocator and budget", P2, niah_section,
           variants=True),
-    Bench("repair_qa", "Table 7: multi-hop QA after a deletion", P2, qa_section),
+    Bench("repair_qa", "Table 7: multi-hop QA after a deletion", P2, qa_section, variants=True),
     Bench("packed_refresh", "Table 8: packed vs sequential refresh", P2, packed_section),
     Bench("function_calling", "Function calling end to end (parsed-call scoring)", AGENTS,
           function_calling_section, variants=True),
