@@ -3,9 +3,13 @@
 Contract: ``python bench/dkl_sweep.py [--quick] [--model M] [--tag T]`` (``M``: any
 ``nexus_mlx.load`` spec, default SmolLM2; the result records the model run and goes to
 ``results/dkl_sweep[_<tag>].json``). Ten GitHub MCP tool schemas are compiled once
-into blocks at anchor 0 with no context. For every offset in {0, 16, 64, 128, 256, 512, 1024,
-2048}, a live on-topic context (system prompt + GitHub conversation, deterministic) of exactly
-``offset`` tokens is prefilled; then, per tool, a fork of it receives the block by a bare splice
+into blocks at anchor 0 with no context. For every target offset in {0, 16, 64, 128, 256, 512, 1024,
+2048}, a live on-topic context (system prompt + GitHub conversation, deterministic) is prefilled:
+by default (``--cut turn``) the longest run of whole turns of at most that many tokens, so the
+context ends where a chat template really puts a tool definition, and the row's ``offset`` is its
+actual length (``target_offset`` the grid value; a target no new whole turn fits is skipped);
+``--cut token``: exactly ``offset`` tokens, possibly ending inside an open turn. Then, per tool,
+a fork of it receives the block by a bare splice
 (``curve=None``: re-anchored by ``delta = offset``, nothing recomputed) followed by a user request
 for that tool, and another fork receives a text prefill of schema + request. The next-token
 distributions after the request are compared: KL(p_prefill || p_splice) in nats and top-1
@@ -13,7 +17,7 @@ agreement. Offset 0 (empty context) is the anchored case and must match the pref
 script stops if it does not. The reference prefill is chunked (context, then schema + request,
 through the same engine), which is a text prefill of context + schema + request.
 
-JSON ``{"rows": [{"offset", "kl_median", "kl_ci", "top1", "kl_mean", "kl_max", "path",
+JSON ``{"cut", "rows": [{"offset", "target_offset", "kl_median", "kl_ci", "top1", "kl_mean", "kl_max", "path",
 "kls"}], ...}``; PNG: KL per offset (medians, 95% bootstrap CIs, every query) and top-1.
 ``--quick``: offsets {0, 64, 256}, the three shortest schemas. Nothing here is timed.
 """
@@ -63,8 +67,10 @@ def last_logits(model, tokens: list[int], cache: NexusCache) -> np.ndarray:
     return np.array(out[0, -1], dtype=np.float64)
 
 
-def sweep_offset(model, tokenizer, blocks, queries, offset: int) -> dict[str, Any]:
-    ctx = context_ids(tokenizer, "on", offset)
+def sweep_offset(model, tokenizer, blocks, queries, target: int, whole_turns: bool
+                 ) -> dict[str, Any]:
+    ctx = context_ids(tokenizer, "on", target, whole_turns=whole_turns)
+    offset = len(ctx)
     base = make_cache(model)
     if ctx:
         mx.eval(forward(model, ctx, base, logits="last"))
@@ -86,7 +92,7 @@ def sweep_offset(model, tokenizer, blocks, queries, offset: int) -> dict[str, An
         raise SystemExit(f"anchored splice differs from the prefill by {max_diff:.3g} logits")
     med, lo, hi = median_ci(kls)
     return {
-        "offset": offset, "kl_median": med, "kl_ci": [lo, hi], "top1": float(np.mean(agree)),
+        "offset": offset, "target_offset": target, "kl_median": med, "kl_ci": [lo, hi], "top1": float(np.mean(agree)),
         "kl_mean": float(np.mean(kls)), "kl_max": float(np.max(kls)), "path": want,
         "max_logit_diff": max_diff, "kls": kls,
     }
@@ -121,6 +127,10 @@ def main() -> dict[str, object]:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--cut", choices=("turn", "token"), default="turn",
+                        help="context ends after its last whole turn at most OFFSET tokens long "
+                             "(where a template puts a tool definition; the default) or at "
+                             "exactly OFFSET tokens, possibly inside an open turn")
     args = parser.parse_args()
     offsets = QUICK_OFFSETS if args.quick else OFFSETS
     names = QUICK_TOOLS if args.quick else list(REQUESTS)
@@ -129,10 +139,12 @@ def main() -> dict[str, object]:
     blocks = {n: compile_block(model, tokenizer, schema_text(tools[n]), anchor=0) for n in names}
     queries = {n: query_ids(tokenizer, REQUESTS[n]) for n in names}
     rows: list[dict[str, Any]] = []
-    for offset in offsets:
-        rows.append(sweep_offset(model, tokenizer, blocks, queries, offset))
-        r = rows[-1]
-        print(f"offset {offset:5d}: KL median {r['kl_median']:.4f} "
+    for target in offsets:
+        r = sweep_offset(model, tokenizer, blocks, queries, target, args.cut == "turn")
+        if rows and r["offset"] == rows[-1]["offset"]:
+            continue  # no whole turn fits between this target and the last one
+        rows.append(r)
+        print(f"offset {r['offset']:5d} (target {target}): KL median {r['kl_median']:.4f} "
               f"[{r['kl_ci'][0]:.4f}, {r['kl_ci'][1]:.4f}] top-1 {r['top1']:.2f}", flush=True)
     name = NAME + (f"_{args.tag}" if args.tag else "")
     draw(rows, name, args.quick)
@@ -140,6 +152,8 @@ def main() -> dict[str, object]:
         **model_record(args.model, model),
         "blocks": {n: {"tokens": b.num_tokens, "anchor": b.m0} for n, b in blocks.items()},
         "queries": len(names), "context": "on-topic: system prompt + GitHub conversation",
+        "cut": ("after the last whole turn within each target offset" if args.cut == "turn"
+                else "exactly at each offset"),
         "metric": "KL(p_prefill || p_splice), nats, next token after the request",
         "paper": {"kl_range": list(PAPER_KL), "top1": PAPER["top1"]},
         "rows": rows,

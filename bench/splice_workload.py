@@ -8,7 +8,8 @@ Contract:
 - ``REQUESTS`` maps ten tool names to a user request for that tool; ``query_ids`` wraps a request
   in the model's chat markup (user turn, then the assistant header), so the next token after it is
   the assistant's first token.
-- ``context_ids(tokenizer, kind, n)`` returns exactly ``n`` token ids: ``kind="on"`` is the system
+- ``context_ids(tokenizer, kind, n)`` returns exactly ``n`` token ids (``whole_turns=True``: the
+  longest run of whole pieces of at most ``n``): ``kind="on"`` is the system
   prompt followed by a GitHub conversation, ``kind="off"`` is unrelated prose. Both are built from
   templates whose slots cycle through fixed lists, so no two turns or paragraphs are identical and
   the same ``n`` always gives the same ids. Pieces are tokenized separately and concatenated, so a
@@ -167,12 +168,20 @@ def _off_topic_pieces() -> Iterator[str]:
         yield _PARAGRAPHS[i % len(_PARAGRAPHS)].format(**_slots(i)) + "\n\n"
 
 
-def context_ids(tokenizer: Any, kind: str, n: int) -> list[int]:
-    """Exactly ``n`` token ids of an on-topic (``"on"``) or off-topic (``"off"``) context."""
+def context_ids(tokenizer: Any, kind: str, n: int, *, whole_turns: bool = False) -> list[int]:
+    """Exactly ``n`` token ids of an on-topic (``"on"``) or off-topic (``"off"``) context, or
+    with ``whole_turns`` the longest run of whole pieces (the system prompt, complete turns) of
+    at most ``n`` tokens: a context that ends where a chat template puts the next message (or a
+    tool definition), never inside an open turn."""
     if kind not in ("on", "off"):
         raise ValueError(f"context kind must be 'on' or 'off', got {kind!r}")
     ids = system_ids(tokenizer) if kind == "on" else []
+    if whole_turns and len(ids) > n:
+        return []
     pieces = _on_topic_pieces() if kind == "on" else _off_topic_pieces()
     while len(ids) < n:
-        ids += encode(tokenizer, next(pieces))
+        piece = encode(tokenizer, next(pieces))
+        if whole_turns and len(ids) + len(piece) > n:
+            return ids
+        ids += piece
     return ids[:n]
