@@ -163,10 +163,11 @@ for on in (True, False):
     if not np.allclose(out, 1.5 * (a @ b) - 0.5 * c, rtol=1e-5, atol=1e-5):
         failures.append((on, "addmm"))
 print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
-                  "failures": failures, "routed": routed}))
+                  "gemv": BLAS_STATUS.gemv_routing, "failures": failures, "routed": routed}))
 """
     )
     assert result["loaded"], result["reason"]
+    assert result["gemv"] is True  # on by default
     assert result["failures"] == []
     on = [n for flag, n in result["routed"] if flag]
     off = [n for flag, n in result["routed"] if not flag]
@@ -182,11 +183,11 @@ def test_gemv_routing_can_be_off_from_the_start() -> None:
 x, w = m(rand((1, 23), np.float32)), m(rand((23, 19), np.float32))
 cpu_matmul(x, w)
 print(json.dumps({"routed": shim_call_counts()["sgemm_as_sgemv"],
-                  "sgemm": shim_call_counts()["sgemm"]}))
+                  "sgemm": shim_call_counts()["sgemm"], "status": BLAS_STATUS.gemv_routing}))
 """,
         {"NEXUS_MLX_GEMV": "0"},
     )
-    assert result["routed"] == 0 and result["sgemm"] >= 1
+    assert result["routed"] == 0 and result["sgemm"] >= 1 and result["status"] is False
 
 
 @linux_only

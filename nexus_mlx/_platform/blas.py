@@ -64,6 +64,8 @@ class BlasStatus:
     ``shim``: path of the forwarding shim that was loaded (None if none).
     ``config``: the BLAS's own build description (e.g. OpenBLAS core and thread count), if known.
     ``reason``: one human-readable sentence explaining the outcome.
+    ``gemv_routing``: whether one-row / one-column products went to sgemv when it loaded (the
+    state now: :func:`set_gemv_routing`'s last answer).
     """
 
     loaded: bool
@@ -71,12 +73,14 @@ class BlasStatus:
     reason: str
     shim: str | None = None
     config: str | None = None
+    gemv_routing: bool = False  # one-row/one-column sgemm computed by sgemv (at load time)
 
 
 _status: BlasStatus | None = None
 _keep_alive: list[ctypes.CDLL] = []  # dlopen handles must outlive the process's use of them
 _shim: ctypes.CDLL | None = None
 _sgemv_address: int | None = None
+_gemv_on = False
 
 
 def _disabled_by_env() -> bool:
@@ -236,6 +240,7 @@ def ensure_fast_blas() -> BlasStatus:
                 "MLX CPU GEMMs forwarded to OpenBLAS",
                 shim,
                 _openblas_config(openblas, prefix),
+                _gemv_on,
             )
         except Exception as exc:  # never break `import nexus_mlx` over a speed-up
             reason = f"no optimized BLAS for MLX ({exc}); MLX CPU matmul will be slow"
@@ -247,10 +252,12 @@ def ensure_fast_blas() -> BlasStatus:
 def set_gemv_routing(enabled: bool) -> bool:
     """Compute one-row / one-column ``sgemm`` calls with ``sgemv`` (``enabled``) or not; return
     whether routing is now on (False when the shim is not loaded or the library has no sgemv)."""
+    global _gemv_on
     if _shim is None or _sgemv_address is None:
         return False
     _shim.nexus_blas_set_sgemv(_sgemv_address if enabled else None)
-    return enabled
+    _gemv_on = bool(enabled)
+    return _gemv_on
 
 
 def shim_call_counts() -> dict[str, int]:
