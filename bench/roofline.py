@@ -14,9 +14,8 @@ weights plus the K/V rows read once. It knows nothing about executors or caches.
 
 from __future__ import annotations
 
-from common import median_ci  # first: loads nexus_mlx + fast BLAS
+from common import median_ci, time_ms  # first: loads nexus_mlx + fast BLAS
 
-import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -27,14 +26,7 @@ from nexus_mlx.models.arch import model_plan
 
 
 def _median_ms(fn, warmup: int, trials: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return median_ci(times)[0]
+    return median_ci(time_ms(fn, warmup, trials))[0]
 
 
 def gemm_gflops(n: int = 2048, warmup: int = 2, trials: int = 7) -> float:
