@@ -9,6 +9,7 @@ the result records. It reads no files and does not order sections (:mod:`report`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from report_format import fmt, fmt_ci, get, mapping, records, sort_by, sorted_keys, table
@@ -28,18 +29,19 @@ def _model_line(d: dict[str, Any]) -> list[str]:
     return [f"Model: {fmt(model if isinstance(model, str) else get(d, 'model', 'spec'))}.", ""]
 
 
+def _by_class(summary: dict[str, Any], classes: tuple[str, ...],
+              cells: Callable[[dict[str, Any]], list[str]]) -> list[list[str]]:
+    """One row per arm (or server) and edit class of ``summary[arm][class]``."""
+    return [[arm, edit, *cells(c)] for arm in sorted_keys(summary) for edit in classes
+            if isinstance(c := get(summary, arm, edit), dict)]
+
+
 def session_section(d: dict[str, Any]) -> list[str]:
     """``agent_session``: TTFT and fidelity by arm and edit class."""
-    summary = mapping(d, "summary")
-    rows = []
-    for arm in sorted_keys(summary):
-        for edit in SESSION_CLASSES:
-            c = get(summary, arm, edit)
-            if isinstance(c, dict):
-                rows.append([arm, edit, fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"),
-                             fmt(c.get("speedup_vs_prefix"), ".2f"), fmt(c.get("agree16"), ".3f"),
-                             fmt(c.get("calls_identical"), ".3f"), fmt(c.get("kl"), ".4f"),
-                             fmt(c.get("heal_ms"), ".1f")])
+    rows = _by_class(mapping(d, "summary"), SESSION_CLASSES, lambda c: [
+        fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"), fmt(c.get("speedup_vs_prefix"), ".2f"),
+        fmt(c.get("agree16"), ".3f"), fmt(c.get("calls_identical"), ".3f"),
+        fmt(c.get("kl"), ".4f"), fmt(c.get("heal_ms"), ".1f")])
     head = _model_line(d) + [
         "TTFT: the step from the previous state to the first token's logits; speed-up over the "
         "prefix cache (mlx-lm's prompt cache); agree16: first 16 greedy tokens equal to "
@@ -51,17 +53,10 @@ def session_section(d: dict[str, Any]) -> list[str]:
 
 def server_section(d: dict[str, Any]) -> list[str]:
     """``server``: TTFT over HTTP vs mlx_lm.server, constraints, concurrency."""
-    summary = _dict(d, "replay", "summary")
-    rows = []
-    for server in sorted_keys(summary):
-        for edit in SERVER_CLASSES:
-            c = get(summary, server, edit)
-            if isinstance(c, dict):
-                rows.append([server, edit, fmt(c.get("n")), fmt(c.get("ttft_ms_mean"), ".1f"),
-                             fmt_ci(c.get("ttft_ms_ci"), ".1f"),
-                             fmt(c.get("ttft_speedup_vs_mlx_lm"), ".2f"),
-                             fmt(c.get("agree_with_mlx_lm"), ".3f"),
-                             fmt(c.get("cached_tokens_mean"), ".0f")])
+    rows = _by_class(_dict(d, "replay", "summary"), SERVER_CLASSES, lambda c: [
+        fmt(c.get("n")), fmt(c.get("ttft_ms_mean"), ".1f"), fmt_ci(c.get("ttft_ms_ci"), ".1f"),
+        fmt(c.get("ttft_speedup_vs_mlx_lm"), ".2f"), fmt(c.get("agree_with_mlx_lm"), ".3f"),
+        fmt(c.get("cached_tokens_mean"), ".0f")])
     out = _model_line(d) + table(["server", "edit class", "n", "TTFT ms (mean)", "95% CI",
                                   "vs mlx_lm.server", "reply = mlx_lm.server's",
                                   "cached tokens"], rows)
