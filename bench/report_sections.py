@@ -206,6 +206,25 @@ def calibration_section(d: dict[str, Any]) -> list[str]:
                          "SLB errors escalated"], rows)
 
 
+def curve_section(d: dict[str, Any]) -> list[str]:
+    """``curve_calibration``: the recompute each depth needs, the fitted curve, held-out check."""
+    paper = {r.get("n_past"): r for r in records(d.get("paper_curve_heldout"))}
+    rows = []
+    for r in sort_by(records(d.get("depths")), "n_past"):
+        held, ref = mapping(r, "heldout"), paper.get(r.get("n_past"), {})
+        rows.append([fmt(r.get("n_past")), fmt(r.get("need"), "g"), fmt(held.get("percent"), ".1f"),
+                     fmt(held.get("kl_median"), ".4f"), fmt(held.get("top1"), ".2f"),
+                     fmt(ref.get("percent"), ".1f"), fmt(ref.get("kl_median"), ".4f"),
+                     fmt(ref.get("top1"), ".2f")])
+    c = mapping(d, "curve")
+    head = [f"Model: {fmt(d.get('model'))}; blocks compiled after: "
+            f"{fmt(d.get('block_context'))}; pass: top-1 on every calibration tool and KL median "
+            f"<= {fmt(d.get('kl_limit'), 'g')} nats. Fitted curve: M = {fmt(c.get('M'))}, "
+            f"R_base = {fmt(c.get('R_base'), 'g')}, K = {fmt(c.get('K'), 'g')}.", ""]
+    return head + table(["n_past", "need %", "fitted %", "held-out KL", "held-out top-1",
+                         "paper curve %", "its KL", "its top-1"], rows)
+
+
 # ---- sections: paper 2 --------------------------------------------------------------------------
 def allocators_section(d: dict[str, Any]) -> list[str]:
     allocs = mapping(d, "allocators")

@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "write_block": "nexus_mlx.blocks.atb",
     "splice": "nexus_mlx.blocks.splicing",
     "Curve": "nexus_mlx.blocks.curve",
+    "curve_for": "nexus_mlx.blocks.curve_table",
     # budgeted repair (paper 2)
     "repair": "nexus_mlx.refresh.budgeted",
     "RepairResult": "nexus_mlx.refresh.budgeted",
@@ -124,6 +125,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.blocks.block import CompiledBlock
     from nexus_mlx.blocks.compile import compile_block, compile_directory
     from nexus_mlx.blocks.curve import Curve
+    from nexus_mlx.blocks.curve_table import curve_for
     from nexus_mlx.blocks.splicing import splice
     from nexus_mlx.decode.generate import Generation, chat, generate
     from nexus_mlx.decode.tool_call import generate_tool_call

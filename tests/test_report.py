@@ -126,7 +126,7 @@ def test_missing_and_unreadable(results: Path):
     expected_missing = {"routing_accuracy", "calibration", "sidecar_accuracy", "repair_qa",
                         "engine", "packed_refresh", "slb_latency", "l0_radix", "embedder",
                         "micro_masks", "rerank_fusion", "function_calling", "routing_levers",
-                        "ir_hints", "agent_session", "server", "agent_run"}
+                        "ir_hints", "agent_session", "server", "agent_run", "curve_calibration"}
     assert set(names) == expected_missing  # quick/routing_accuracy.json is not a full result
     assert "- `routing_accuracy`: `python bench/routing_accuracy.py`" in missing
     assert "`blas`" not in missing and "`micro`" not in missing
@@ -202,3 +202,18 @@ def test_routing_oracle_calibration_and_fusion_sections(tmp_path: Path):
     assert "| seal-250 | 250 | heldout | 0.0112 |" in text
     assert "Chosen: k = 10, retrieval weight 0.5" in text
     assert "| 10 | 0.5 | 0.842 | [0.777, 0.890] |" in text
+
+
+def test_curve_calibration_section():
+    from report_sections import curve_section
+
+    data = {"model": "default", "kl_limit": 0.02, "block_context": "system",
+            "curve": {"M": 256, "R_base": 2.0, "K": 2.0},
+            "depths": [{"n_past": 481, "need": 75.0, "heldout": {"percent": 88.1,
+                                                                "kl_median": 0.0041, "top1": 1.0}}],
+            "paper_curve_heldout": [{"n_past": 481, "percent": 32.8, "kl_median": 0.0111,
+                                     "top1": 1.0}]}
+    text = "\n".join(curve_section(data))
+    assert "M = 256, R_base = 2, K = 2" in text
+    assert "| 481 | 75 | 88.1 | 0.0041 | 1.00 | 32.8 | 0.0111 | 1.00 |" in text
+    assert isinstance(curve_section({"depths": 3, "curve": []}), list)

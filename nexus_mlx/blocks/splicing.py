@@ -23,7 +23,9 @@ Contract: ``splice(model, cache, block, at=None, curve=Curve())`` is ``plan_spli
    the same number of block tokens as the default curve asks for is recomputed, but chosen by
    Semantic-Unit Refresh against the next query (``query`` and ``tokenizer`` required) instead
    of the trailing ones; when that number is the whole block nothing is scored (a choice of
-   all rows is no choice). It runs inside ``cache.transaction()``: should anything fail there
+   all rows is no choice). ``curve="model"`` is the curve calibrated for this model
+   (:func:`~nexus_mlx.blocks.curve_table.curve_for`; the paper's ``Curve()`` when it has none).
+   It runs inside ``cache.transaction()``: should anything fail there
    (nothing a plan can foresee), the live rows, positions, token ids and ``n_past`` are put back.
 
 One pass per turn: ``append`` (e.g. the next request's tokens, at positions right after the
@@ -62,6 +64,7 @@ import numpy as np
 
 from nexus_mlx.blocks.block import CompiledBlock, validate_block
 from nexus_mlx.blocks.curve import Curve
+from nexus_mlx.blocks.curve_table import curve_for
 from nexus_mlx.errors import ArgumentError, CacheError, PositionError
 from nexus_mlx.kernels.reanchor_write import reanchored_rows
 from nexus_mlx.kernels.splice_v_transposed import decline_reason
@@ -118,8 +121,8 @@ def _check_curve(curve: object, query: Sequence[int] | None, tokenizer: Any) -> 
     if isinstance(curve, str) and curve == "sur":
         if query is None or len(query) == 0 or tokenizer is None:
             raise ArgumentError("curve='sur' needs the next query's tokens and a tokenizer")
-    elif curve is not None and not isinstance(curve, Curve):
-        raise ArgumentError(f"curve must be a Curve, 'sur' or None, got {curve!r}")
+    elif curve is not None and not isinstance(curve, Curve) and curve != "model":
+        raise ArgumentError(f"curve must be a Curve, 'sur', 'model' or None, got {curve!r}")
 
 
 def _check_at(at: object, cache: NexusCache) -> int:
@@ -155,7 +158,7 @@ def plan_splice(
     block: CompiledBlock,
     *,
     at: int | None = None,
-    curve: Curve | Literal["sur"] | None = Curve(),  # noqa: B008  (frozen, immutable default)
+    curve: Curve | Literal["sur", "model"] | None = Curve(),  # noqa: B008  (frozen, immutable)
     use_kernel: bool = True,
     query: Sequence[int] | None = None,
     tokenizer: Any = None,
@@ -169,6 +172,8 @@ def plan_splice(
         raise ArgumentError(f"block must be a CompiledBlock, got {type(block).__name__}")
     validate_block(block, model)
     _check_curve(curve, query, tokenizer)
+    if isinstance(curve, str) and curve == "model":
+        curve = curve_for(model)
     mplan = model_plan(model)
     cache.check_compatible(mplan.rope_specs, mplan.n_kv_heads, mplan.head_dim)
     at = _check_at(at, cache)
@@ -275,7 +280,7 @@ def splice(
     block: CompiledBlock,
     *,
     at: int | None = None,
-    curve: Curve | Literal["sur"] | None = Curve(),  # noqa: B008  (frozen, immutable default)
+    curve: Curve | Literal["sur", "model"] | None = Curve(),  # noqa: B008  (frozen, immutable)
     use_kernel: bool = True,
     query: Sequence[int] | None = None,
     tokenizer: Any = None,
