@@ -24,11 +24,6 @@ def _dict(obj: Any, *path: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _model_line(d: dict[str, Any]) -> list[str]:
-    model = d.get("model")
-    return [f"Model: {fmt(model if isinstance(model, str) else get(d, 'model', 'spec'))}.", ""]
-
-
 def _by_class(summary: dict[str, Any], classes: tuple[str, ...],
               cells: Callable[[dict[str, Any]], list[str]]) -> list[list[str]]:
     """One row per arm (or server) and edit class of ``summary[arm][class]``."""
@@ -42,7 +37,7 @@ def session_section(d: dict[str, Any]) -> list[str]:
         fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"), fmt(c.get("speedup_vs_prefix"), ".2f"),
         fmt(c.get("agree16"), ".3f"), fmt(c.get("calls_identical"), ".3f"),
         fmt(c.get("kl"), ".4f"), fmt(c.get("heal_ms"), ".1f")])
-    head = _model_line(d) + [
+    head = [
         "TTFT: the step from the previous state to the first token's logits; speed-up over the "
         "prefix cache (mlx-lm's prompt cache); agree16: first 16 greedy tokens equal to "
         "re-prefill's; deep: non-append requests at depth >= 1,024 tokens; heal: idle-time "
@@ -57,7 +52,7 @@ def server_section(d: dict[str, Any]) -> list[str]:
         fmt(c.get("n")), fmt(c.get("ttft_ms_mean"), ".1f"), fmt_ci(c.get("ttft_ms_ci"), ".1f"),
         fmt(c.get("ttft_speedup_vs_mlx_lm"), ".2f"), fmt(c.get("agree_with_mlx_lm"), ".3f"),
         fmt(c.get("cached_tokens_mean"), ".0f")])
-    out = _model_line(d) + table(["server", "edit class", "n", "TTFT ms (mean)", "95% CI",
+    out = table(["server", "edit class", "n", "TTFT ms (mean)", "95% CI",
                                   "vs mlx_lm.server", "reply = mlx_lm.server's",
                                   "cached tokens"], rows)
     answers = []
@@ -89,7 +84,7 @@ def agent_run_section(d: dict[str, Any]) -> list[str]:
              fmt(str(r.get("answer", "")).strip().replace("\n", " ")[:90]),
              fmt(r.get("correct")), fmt(r.get("seconds"), ".0f")]
             for r in records(d.get("records"))]
-    head = _model_line(d) + [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests "
+    head = [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests "
                              "(every check against the servers' own facts passed).", ""]
     return head + table(["request", "calls", "answer", "correct", "seconds"], rows)
 
@@ -102,7 +97,7 @@ def function_calling_section(d: dict[str, Any]) -> list[str]:
     rows += [[k.replace("_", " "), fmt(d.get(k), ".3f"), "", fmt(get(d, "targets", k), ".2f")]
              for k in ("specified_argument_accuracy", "json_valid")]
     latency = mapping(d, "latency_ms")
-    head = _model_line(d) + [f"Queries: {fmt(d.get('n'))}; median latency per query "
+    head = [f"Queries: {fmt(d.get('n'))}; median latency per query "
                              f"{fmt(get(latency, 'total', 'median'), '.0f')} ms "
                              f"(route {fmt(get(latency, 'route', 'median'), '.0f')} ms).", ""]
     return head + table(["measure", "value", "95% CI", "target"], rows)
@@ -133,5 +128,5 @@ def ir_hints_section(d: dict[str, Any]) -> list[str]:
         rows.append([variant, fmt(a.get("n")), fmt(a.get("call_accuracy"), ".3f"),
                      fmt_ci(a.get("call_ci"), ".3f"), fmt(a.get("argument_accuracy"), ".3f"),
                      fmt(", ".join(lengths))])
-    return _model_line(d) + table(["IR variant", "n", "call accuracy", "95% CI",
+    return table(["IR variant", "n", "call accuracy", "95% CI",
                                    "argument accuracy", "median IR tokens"], rows)
