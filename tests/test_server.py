@@ -587,6 +587,20 @@ def test_the_assembler_reads_text_as_the_session_parser_does():
     assert held.content == "café"
 
 
+def test_a_plain_text_reply_keeps_its_whitespace_as_generated():
+    # Without tool calls the content is the text exactly (mlx_lm.server and the OpenAI API
+    # return "...fix-login\n\n", not "...fix-login"), streamed or whole, up to a stop string.
+    text = "\n  git branch -b fix-login\n\n STOP and more"
+    streamed, deltas = ReplyAssembler(calls=False, stop=["STOP"]), []
+    for end in range(1, len(text) + 1):
+        deltas += streamed.feed(text[:end])
+    deltas += streamed.finish(text[:text.index("STOP")])
+    whole = ReplyAssembler(calls=False, stop=["STOP"])
+    whole.finish(text[:text.index("STOP")])
+    assert whole.content == streamed.content == "\n  git branch -b fix-login\n\n "
+    assert "".join(d["content"] for d in deltas) == whole.content
+
+
 # ---- the command line -----------------------------------------------------------------------
 @pytest.mark.parametrize("argv,needle", [
     (["--port", "70000"], "--port"),

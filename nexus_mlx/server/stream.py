@@ -16,7 +16,8 @@ text follows it, as is a tail that may begin a stop string or a call opener, and
 U+FFFD run (a character whose bytes are not all generated yet). A call's arguments are streamed as
 their raw JSON text (the constrained grammar writes ``{"name": ..., "arguments": {...}}`` in that
 order); a call written otherwise is parsed whole when it closes. Without ``calls`` (no tools,
-``tool_choice`` "none", a ``response_format``) every character is content.
+``tool_choice`` "none", a ``response_format``) every character is content, whitespace at its
+ends included, exactly as generated (as the OpenAI API and mlx_lm.server return it).
 
 Limits: a text that rewrites what it already showed (a tokenizer that cleans up spaces across
 tokens) cannot take back sent deltas; the assembler goes on from where it was. It knows nothing
@@ -173,6 +174,9 @@ class ReplyAssembler:
         return deltas
 
     def _prose(self, piece: str) -> list[Delta]:
+        if not self.calls_enabled:  # every character is content, as generated
+            self.content += piece
+            return [{"content": piece}] if piece else []
         text = self._pending_ws + piece
         if not self.content:
             text = text.lstrip()
