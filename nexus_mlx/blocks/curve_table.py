@@ -24,6 +24,7 @@ It knows nothing about splicing or caches; the measurement is ``bench/curve_cali
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -78,13 +79,30 @@ def _entry_curve(entry: Mapping[str, Any], path: Path) -> Curve:
         raise FormatError(f"curve table {path} has a bad entry {dict(entry)!r}: {exc}") from exc
 
 
+@functools.lru_cache(maxsize=8)
+def _curves(path: Path, mtime_ns: int, size: int) -> dict[str, Curve]:
+    """The curves of one table file as it is at ``(mtime_ns, size)`` (read and parsed once)."""
+    return {digest: _entry_curve(entry, path) for digest, entry in read_table(path).items()}
+
+
+def _table_curves(path: Path) -> dict[str, Curve]:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise FormatError(f"curve table {path} is unreadable: {exc}") from exc
+    return _curves(path, stat.st_mtime_ns, stat.st_size)
+
+
 def curve_for(model: nn.Module) -> Curve:
-    """The calibrated curve of ``model`` (see the module docstring), else ``Curve()``."""
+    """The calibrated curve of ``model`` (see the module docstring), else ``Curve()``. A table
+    is re-read only when its file changes (a splice with ``curve="model"`` stats two files)."""
     digest = model_fingerprint(model).weights_digest
     for path in (user_table(), PACKAGED_TABLE):
-        entry = read_table(path).get(digest)
-        if entry is not None:
-            return _entry_curve(entry, path)
+        curve = _table_curves(path).get(digest)
+        if curve is not None:
+            return curve
     return Curve()
 
 
