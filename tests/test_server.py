@@ -641,7 +641,8 @@ def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model):
         with urllib.request.urlopen(url + "/models", timeout=30) as response:
             assert json.loads(response.read())["data"][0]["id"] == "default"
         proc.send_signal(signal.SIGINT)
-        status, err = proc.wait(60), proc.stderr.read()
+        _, err = proc.communicate(timeout=60)  # drains both pipes: a full one cannot block exit
+        status = proc.returncode
         assert status == 0 and "stopping" in err, (status, err[-2000:])
     finally:
         if proc.poll() is None:
