@@ -4,6 +4,7 @@ become tool results instead of exceptions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -67,3 +68,34 @@ def test_the_loop_calls_a_live_server_and_reuses_the_cache(default_model):
     assert len(run.steps) >= 2 and run.steps[1].reused >= run.steps[0].prompt_tokens
     assert run.steps[1].computed < run.steps[1].prompt_tokens - run.steps[0].prompt_tokens + 64
     assert run.finish in ("answer", "step_limit")
+
+
+class _DescribesItsFirstCall(Session):
+    """A session whose model, left free on its first turn, writes the call as JSON in prose (as
+    Qwen2.5-Coder-0.5B does) instead of in the call format; every other turn is the model's."""
+
+    prose = ('To get the time, use `time.get_current_time`. Here is the JSON object for that:\n'
+             '{"name": "time.get_current_time", "arguments": {"timezone": "UTC"}}')
+
+    def generate(self, messages, tools=None, **kwargs):
+        reply = super().generate(messages, tools, **kwargs)
+        if kwargs.get("tool_choice", "auto") == "auto" and not getattr(self, "_described", False):
+            self._described = True
+            return dataclasses.replace(reply, text=self.prose, content=self.prose, tool_calls=[])
+        return reply
+
+
+def test_a_call_written_as_prose_is_made_in_the_format(default_model):
+    model, tokenizer = default_model
+    spec = installed_server("mcp-server-time", "mcp_server_time", namespace="time",
+                            call_timeout=20)
+    with McpServer(spec) as server:
+        registry = server.list_tools()
+        session = _DescribesItsFirstCall(model, tokenizer)
+        run = run_agent(session, [], "What is the current time in UTC?", registry,
+                        {"time": server}, max_steps=2, max_tokens=64)
+    assert run.regenerated[0] == "step 0: ['time.get_current_time'] written as text, forced"
+    first = run.executions[0]
+    assert first.name == "time.get_current_time" and first.ok, first.output
+    assert "datetime" in json.loads(first.output)
+    assert run.messages[1]["tool_calls"][0]["function"]["name"] == "time.get_current_time"

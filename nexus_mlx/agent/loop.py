@@ -7,9 +7,13 @@ request to ``history`` and repeats, at most ``max_steps`` times: choose the tool
 session generate (tool calls in the model's own format, constrained; ``tool_choice`` on the first
 step, ``"auto"`` after), execute each call on the server that owns the tool and append the
 assistant call and the tool results as OpenAI-style messages. It stops when a reply has no
-calls (a reply that only repeats calls already executed is asked again with ``tool_choice
-"none"``, for the answer). Tool results older than the latest step and longer than
-``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
+calls. Two replies are asked again (``AgentRun.regenerated`` lists each retry): one that writes
+a new call to an offered tool as JSON in its prose instead of in the call format (small models
+do) is regenerated with that tool forced (``tool_choice`` naming it, or ``"required"`` for
+several), so the call is made and schema-valid; one that only repeats calls already executed, in
+the format or as text, is asked again for the answer, with ``tool_choice "none"`` and a first
+token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). Tool results older than the latest
+step and longer than ``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
 the middle of the conversation that the session repairs instead of re-encoding; while the calls
 run on their servers the session heals the rows its repairs left stale
 (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
@@ -32,7 +36,7 @@ from typing import Any
 from nexus_mlx.agent.mcp_server import McpServer
 from nexus_mlx.agent.session import Reply, Session, StepReport
 from nexus_mlx.agent.sidecar import surrogate
-from nexus_mlx.decode.call_format import ParsedCall
+from nexus_mlx.decode.call_format import ParsedCall, intended_calls, prose_answer
 from nexus_mlx.errors import ArgumentError, NexusError
 from nexus_mlx.tools.registry import ToolRegistry
 from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool
@@ -57,6 +61,7 @@ class AgentRun:
     steps: list[StepReport] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    regenerated: list[str] = field(default_factory=list)  # "step N: why", one per retry
 
 
 def openai_tool(tool: Tool) -> dict[str, Any]:
@@ -130,13 +135,25 @@ def run_agent(
     messages.append({"role": "user", "content": request})
     run = AgentRun("", messages, "step_limit")
     done_calls: set[str] = set()
+    answer_in_words = prose_answer(session.tokenizer)
     for step in range(max_steps):
         visible = pruned(messages, _last_step_start(messages), payload_chars)
         choice = tool_choice if step == 0 else "auto"
         reply = session.generate(visible, tools, tool_choice=choice, max_tokens=max_tokens)
-        if reply.tool_calls and all(_key(c) in done_calls for c in reply.tool_calls):
+        described = intended_calls(reply.content, names) if choice != "none" else []
+        fresh = [c for c in described if _key(c) not in done_calls]
+        if not reply.tool_calls and fresh:
+            # the model wrote its call as text: ask for that call, in the format
+            wanted = list(dict.fromkeys(c.name for c in fresh))
+            run.regenerated.append(f"step {step}: {wanted} written as text, forced")
+            reply = session.generate(visible, tools, tool_choice=_forced_choice(wanted),
+                                     max_tokens=max_tokens)
+        repeats = reply.tool_calls or described
+        if repeats and all(_key(c) in done_calls for c in repeats):
             # the model repeats calls it already has the results of: ask for the answer
-            reply = session.generate(visible, tools, tool_choice="none", max_tokens=max_tokens)
+            run.regenerated.append(f"step {step}: repeated calls, asked for the answer")
+            reply = session.generate(visible, tools, tool_choice="none", max_tokens=max_tokens,
+                                     logits_processors=[answer_in_words])
         run.replies.append(reply)
         run.steps.append(reply.report)
         done_calls.update(_key(c) for c in reply.tool_calls)
@@ -168,6 +185,13 @@ def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], regist
                                        for c in calls])
         session.heal()
         return pending.result()
+
+
+def _forced_choice(names: Sequence[str]) -> str | dict[str, Any]:
+    """``tool_choice`` that forces a call to the one tool named, or some call for several."""
+    if len(names) == 1:
+        return {"type": "function", "function": {"name": names[0]}}
+    return "required"
 
 
 def _key(call: ParsedCall) -> str:

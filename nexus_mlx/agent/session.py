@@ -69,7 +69,7 @@ from nexus_mlx.decode.call_format import (
     textual_messages,
     turn_constraint,
 )
-from nexus_mlx.decode.generate import greedy
+from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
@@ -360,12 +360,15 @@ class Session:
         max_tokens: int = 256,
         stop: Sequence[str] = (),
         sampler: Sampler | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
         on_token: Callable[[int, str], None] | None = None,
     ) -> Reply:
         """Step to the request, then decode up to ``max_tokens`` ids (greedy by default) from
         the live cache under the turn's constraint (``tool_choice`` over ``tools``, or a
         ``response_format``), stopping at an end-of-turn id or a ``stop`` string (neither is
-        returned). ``on_token(id, text_so_far)`` is called after each id (for streaming)."""
+        returned). ``logits_processors`` (mlx-lm's ``(ids so far, logits (1, V)) -> logits``) run
+        before the constraint's mask. ``on_token(id, text_so_far)`` is called after each id (for
+        streaming)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
@@ -374,7 +377,7 @@ class Session:
             start = time.perf_counter()
             report = self.step(messages, tools)
             out, finish, ttft = self._decode(constraint, max_tokens, tuple(stop), sampler or greedy,
-                                             on_token, start)
+                                             tuple(logits_processors), on_token, start)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = _cut_at_stop(text, stop)
@@ -389,6 +392,7 @@ class Session:
                      parsed.errors)
 
     def _decode(self, constraint: Any, max_tokens: int, stop: tuple[str, ...], sample: Sampler,
+                processors: tuple[LogitsProcessor, ...],
                 on_token: Callable[[int, str], None] | None, start: float
                 ) -> tuple[list[int], str, float]:
         logits = self.next_token_logits()
@@ -397,6 +401,8 @@ class Session:
         while True:
             mask = constraint.allowed() if constraint is not None else None
             row = logits[None]
+            for process in processors:
+                row = process(mx.array(out, dtype=mx.int32), row)
             if mask is not None:
                 row = mask_logits(row, mx.array(mask))
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)

@@ -17,6 +17,10 @@ Contract:
   first) or end, and nothing else; otherwise it must end. ``allowed()`` returns the bool mask ``(V,)`` for the next token, or None when
   unconstrained; ``accept(token)`` advances. Expected refusals are masks, never exceptions.
 - :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls.
+- :func:`intended_calls` names the offered tools a reply writes out as JSON in its prose (a small
+  model describing a call instead of making it), so a caller can ask for that call in the format;
+  :func:`prose_answer` is a logits processor for a turn that must answer in words: its first
+  token begins with a letter or a digit (not JSON, a fence or a call).
 - :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
   same format.
 
@@ -27,10 +31,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
@@ -95,6 +101,59 @@ def _bare_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
                 and isinstance(value.get("arguments", {}), dict)):
             found.append(ParsedCall(value["name"], dict(value.get("arguments", {}))))
     return found
+
+
+def intended_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
+    """The calls ``text`` writes as ``{"name": <an offered tool>, "arguments": {...}}`` objects
+    anywhere in its prose (outside call tags), in order, each distinct one once; arguments that
+    are not an object read as ``{}``. They are what the model meant, not checked calls."""
+    decoder = json.JSONDecoder()
+    offered, found = set(names), []
+    prose = _CALL.sub("", text)
+    index = prose.find("{")
+    while index != -1:
+        try:
+            value, end = decoder.raw_decode(prose, index)
+        except ValueError:
+            index = prose.find("{", index + 1)
+            continue
+        name = value.get("name") if isinstance(value, dict) else None
+        if isinstance(name, str) and name in offered:
+            arguments = value.get("arguments")
+            call = ParsedCall(name, dict(arguments) if isinstance(arguments, dict) else {})
+            if call not in found:
+                found.append(call)
+        index = prose.find("{", end)
+    return found
+
+
+_NOT_PROSE_IDS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def _not_prose_ids(vocab: Any) -> np.ndarray:
+    """Ids that may not open a prose answer (see :func:`prose_answer`), cached per vocabulary."""
+    if vocab not in _NOT_PROSE_IDS:
+        opening = [i for i, raw in enumerate(vocab.token_bytes)
+                   if not raw.decode("utf-8", errors="replace").lstrip()[:1].isalnum()]
+        _NOT_PROSE_IDS[vocab] = np.array(opening + sorted(vocab.special_ids), dtype=np.int32)
+    return _NOT_PROSE_IDS[vocab]
+
+
+def prose_answer(tokenizer: Any) -> Callable[[mx.array, mx.array], mx.array]:
+    """A logits processor ``(ids so far, logits (1, V)) -> logits`` that lets the first id only
+    be a token whose text (after leading whitespace) begins with a letter or a digit: not JSON,
+    a code fence, a call or any other punctuation, and no special token (the end of the turn
+    included: the answer is not empty). Later ids are free."""
+    banned = _not_prose_ids(vocab_of(tokenizer))
+
+    def process(ids: mx.array, logits: mx.array) -> mx.array:
+        if ids.size or not banned.size:
+            return logits
+        keep = np.ones(logits.shape[-1], dtype=bool)
+        keep[banned[banned < keep.size]] = False
+        return mx.where(mx.array(keep), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    return process
 
 
 def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
