@@ -99,9 +99,9 @@ def plot(rows: list[dict[str, object]], name: str, quick: bool):
     labels = [r["method"] + (f" {r['budget']:g}%" if r["budget"] is not None else "") for r in rows]
     x = np.arange(len(rows))
     fig, axes = figure(2, width=6.5, height=4.5)
-    for offset, key, name in ((-0.2, "em", "EM"), (0.2, "agree", "agreement with re-prefill")):
+    for offset, key, label in ((-0.2, "em", "EM"), (0.2, "agree", "agreement with re-prefill")):
         vals = [r[key] for r in rows]
-        axes[0].bar(x + offset, vals, width=0.4, capsize=2, label=name,
+        axes[0].bar(x + offset, vals, width=0.4, capsize=2, label=label,
                     yerr=error_bars(vals, [r[f"{key}_ci"] for r in rows]))
     axes[0].set(ylabel="fraction", title="multi-hop QA after deleting a passage", ylim=(0, 1.05))
     axes[0].legend(fontsize=8)
