@@ -11,8 +11,8 @@ results, until the model answers in text. Each answer is checked against facts c
 independently of the model: the last commit's subject, the repository's modified file, the
 three commit subjects, the time in Tokyo (now, and at the last commit) within two minutes, and
 a fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
-server's verdict), answer, checks, steps and timings; the final line has ``correct`` (requests
-whose every check passed) and ``n``.
+server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings; the
+final line has ``correct`` (requests whose every check passed) and ``n``.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def main() -> None:
                     "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
                                "output": e.output[:300]} for e in run.executions],
                     "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
+                    "regenerated": run.regenerated,
                     "steps": [{"path": s.path, "prompt_tokens": s.prompt_tokens,
                                "reused": s.reused, "spliced": s.spliced,
                                "repaired": s.repaired, "computed": s.computed,
