@@ -14,6 +14,7 @@ from nexus_mlx.blocks.compile import compile_block
 from nexus_mlx.blocks.curve import Curve
 from nexus_mlx.blocks.curve_table import (
     CURVE_GRID,
+    PACKAGED_TABLE,
     curve_for,
     fit_curve,
     read_table,
@@ -65,6 +66,14 @@ def test_a_stored_curve_is_the_models_and_others_keep_the_papers(cache_home):
     assert curve_for(llama) == Curve(M=128, R_base=10.0, K=8.0)
     assert curve_for(gemma) == Curve(K=2.0)
     assert not list(cache_home.glob(".curves-*"))  # no temporary file left behind
+
+
+def test_the_packaged_table_is_valid_and_holds_the_qwen_curve():
+    table = read_table(PACKAGED_TABLE)
+    qwen = table["4bd1921a28893376895ff0d512307c530ed511bf326ca4e8b24e5f1826bcbe82"]
+    assert (qwen["M"], qwen["R_base"], qwen["K"]) == (64, 0.0, 1.5)
+    for entry in table.values():  # every entry is a curve the grid can express
+        assert Curve(M=entry["M"], R_base=entry["R_base"], K=entry["K"]) in CURVE_GRID
 
 
 @pytest.mark.parametrize("text, needle", [("not json", "not JSON"), ("[1, 2]", "must map"),
