@@ -629,7 +629,8 @@ def test_serve_refuses_a_busy_port_before_loading(monkeypatch, capsys):
     assert "in use" in capsys.readouterr().err
 
 
-def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model, signum):
     # faulthandler: if the child hangs, SIGABRT makes it print every thread's stack
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "nexus_mlx.cli", "serve", "--port", "0"],
@@ -641,13 +642,13 @@ def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model):
         url = line.split(" at ")[1].split()[0]
         with urllib.request.urlopen(url + "/models", timeout=30) as response:
             assert json.loads(response.read())["data"][0]["id"] == "default"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         try:
             _, err = proc.communicate(timeout=60)  # drains both pipes: none can block the exit
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=30)
-            pytest.fail(f"serve did not exit within 60 s of SIGINT; its threads:\n{err[-8000:]}")
+            pytest.fail(f"serve did not exit within 60 s of {signum!r}; its threads:\n{err[-8000:]}")
         status = proc.returncode
         assert status == 0 and "stopping" in err, (status, err[-2000:])
     finally:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from nexus_mlx.cli import checks
 from nexus_mlx.cli.progress import Stages, tool_bar
+from nexus_mlx.cli.signals import wait_for_stop
 from nexus_mlx.decode.generate import GenerationStats, chat, greedy_continuation
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
@@ -315,8 +316,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.start()
         print(f"serving model {args.model!r} at {server.base_url} (OpenAI-compatible; Ctrl-C "
               "stops)", flush=True)
-        server.wait()
-    except KeyboardInterrupt:
+        if wait_for_stop(lambda: server.running) is not None:
+            print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C before the wait began
         print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
     finally:
         server.stop()
