@@ -212,6 +212,9 @@ def main() -> dict[str, Any]:
     parser.add_argument("--n", type=int, default=0, help="first n queries (0: all)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--max-argument-tokens", type=int, default=DEFAULT_BUDGET)
+    parser.add_argument("--optional-margin", type=float, default=0.0,
+                        help="nats an argument past the required ones must win by "
+                             "(generate_tool_call's optional_margin; 0: off)")
     args = parser.parse_args()
     wall = time.perf_counter()
     registry = load_tools(args.registry)
@@ -228,7 +231,8 @@ def main() -> dict[str, Any]:
     start = time.perf_counter()
     router = build_router(registry, model, tokenizer)
     setup_s = time.perf_counter() - start
-    agent = Agent(model, tokenizer, registry, router, max_argument_tokens=budget)
+    agent = Agent(model, tokenizer, registry, router, max_argument_tokens=budget,
+                  optional_margin=args.optional_margin)
     agent.turn([{"role": "user", "content": gold[0].query}])  # warm-up (untimed)
 
     rows: list[dict[str, Any]] = []
@@ -282,7 +286,8 @@ def main() -> dict[str, Any]:
             "pipeline": "Agent.turn: build_router defaults (MiniLM + INT8 SLB + calibrated gate "
                         "+ query-likelihood reranker on the model) -> tool_call_prompt (IR "
                         "signature) -> generate_tool_call (greedy, schema grammar)",
-            "max_argument_tokens": budget, "k": router.k, "tau": router.gate.tau,
+            "max_argument_tokens": budget, "optional_margin": args.optional_margin,
+            "k": router.k, "tau": router.gate.tau,
             "calibration": router.calibration.describe() if router.calibration else None,
             "reranker": type(router.reranker).__name__,
             "timing": "wall clock per query after one untimed warm-up turn",

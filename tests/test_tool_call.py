@@ -188,3 +188,46 @@ def test_default_model_time_request(default_model, github):
     assert result.valid and result.name == "get_current_time"
     assert set(result.arguments) == {"timezone"}
     assert find_placeholders(result.arguments, TIME_TOOL.input_schema) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_large_optional_margin_keeps_only_the_required_arguments(tiny, default_tokenizer,
+                                                                   github, seed):
+    tool = github.get("list_issues")
+    prompt = tool_call_prompt(default_tokenizer, "list the open issues of octo/demo", [tool])
+    cache = make_cache(tiny)
+    result = generate_tool_call(tiny, default_tokenizer, cache, prompt, [tool],
+                                sampler=_sampler(seed), max_argument_tokens=48,
+                                optional_margin=1e4)
+    _check(result, [tool], default_tokenizer, prompt, cache)
+    assert set(result.arguments) == set(tool.input_schema["required"])
+
+
+def test_the_member_choice_is_offered_only_where_the_object_may_end(default_tokenizer, github):
+    tool = github.get("list_branches")  # required owner, repo; optional page, perPage
+    vocab = vocab_of(default_tokenizer)
+    constraint = JsonConstraint(compile_schema(tool.input_schema), default_tokenizer)
+
+    def feed(text: str) -> None:
+        for token in default_tokenizer.encode(text, add_special_tokens=False):
+            assert constraint.accept_token(token), text
+
+    feed('{"owner": "a", "repo": "b')
+    assert constraint.member_choice() is None  # inside a string
+    feed('"')
+    ends, goes_on = constraint.member_choice()
+    texts = [vocab.token_bytes[t].lstrip()[:1] for t in ends], \
+        [vocab.token_bytes[t].lstrip()[:1] for t in goes_on]
+    assert set(texts[0]) == {b"}"} and set(texts[1]) <= {b",", b'"'}
+    feed(', "page": 2')
+    assert constraint.member_choice() is not None
+    short = JsonConstraint(compile_schema(tool.input_schema), default_tokenizer)
+    for token in default_tokenizer.encode('{"owner": "a"', add_special_tokens=False):
+        short.accept_token(token)
+    assert short.member_choice() is None  # "repo" is required: the object may not end yet
+
+
+def test_a_negative_optional_margin_is_refused(tiny, default_tokenizer):
+    prompt = tool_call_prompt(default_tokenizer, "time?", [TIME_TOOL])
+    with pytest.raises(ArgumentError, match="optional_margin"):
+        generate_tool_call(tiny, default_tokenizer, None, prompt, [TIME_TOOL], optional_margin=-1)

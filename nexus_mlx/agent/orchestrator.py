@@ -58,12 +58,14 @@ class Agent:
         window: int = 4,
         payload_chars: int = 240,
         max_argument_tokens: int = 96,
+        optional_margin: float = 0.0,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.registry, self.router = registry, router
         self.servers = dict(servers or {})  # namespace (or "") -> server
         self.window, self.payload_chars = window, payload_chars
         self.max_argument_tokens = max_argument_tokens
+        self.optional_margin = optional_margin  # see generate_tool_call
         self.lock = threading.RLock()
         self.session: Session | None = None  # the live conversation of run(), made on first use
         self.history: list[dict[str, Any]] = []
@@ -108,7 +110,8 @@ class Agent:
             start = time.perf_counter()
             prompt = tool_call_prompt(self.tokenizer, window, [tool])
             call = generate_tool_call(self.model, self.tokenizer, None, prompt, [tool],
-                                      max_argument_tokens=self.max_argument_tokens)
+                                      max_argument_tokens=self.max_argument_tokens,
+                                      optional_margin=self.optional_margin)
             timings["arguments"] = time.perf_counter() - start
             return AgentTurn(decision, call, window, len(prompt), timings)
 

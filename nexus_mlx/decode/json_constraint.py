@@ -408,6 +408,17 @@ class JsonConstraint:
                 return n
         return len(tokens)
 
+    def member_choice(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the top-level object may both end and take another member (outside strings):
+        the allowed ids that end it (text starting ``}``) and those that go on (``,`` or a key's
+        ``"``), each non-empty; else None. For restraint on optional arguments."""
+        if len(self._scanner.kinds) != 1 or self._scanner.kinds[0] != "o" or self._scanner.in_string:
+            return None
+        mask = self.allowed_mask()
+        ends, goes_on = _member_ids(self.vocab)
+        ends, goes_on = ends[mask[ends]], goes_on[mask[goes_on]]
+        return (ends, goes_on) if ends.size and goes_on.size else None
+
     def closing_token(self) -> int | None:
         """An allowed token that heads for completion, else ``None``.
 
@@ -442,6 +453,19 @@ before a digit: when the placeholder guard forbids closing an echo such as ``"ow
 would keep it an echo (``"owner00"``) while a letter ends the echo and lets the string close."""
 CLOSE_OUTSIDE = ("}", "]", ",", '"', "0", "1", "true", "false", "null", ":")
 """Texts :meth:`JsonConstraint.closing_token` prefers outside strings, in order."""
+
+
+@lru_cache(maxsize=8)
+def _member_ids(vocab: TokenVocab) -> tuple[np.ndarray, np.ndarray]:
+    """Ids whose text (after leading whitespace) starts with ``}``, and with ``,`` or ``"``."""
+    ends, goes_on = [], []
+    for token, raw in enumerate(vocab.token_bytes):
+        head = raw.lstrip()[:1]
+        if head == b"}":
+            ends.append(token)
+        elif head in (b",", b'"'):
+            goes_on.append(token)
+    return np.array(ends, dtype=np.int64), np.array(goes_on, dtype=np.int64)
 
 
 @lru_cache(maxsize=8)

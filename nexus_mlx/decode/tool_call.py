@@ -16,7 +16,11 @@ returns a :class:`ToolCallResult`. The generated text is always::
    After ``max_argument_tokens`` argument tokens the decoder closes the JSON: it takes
    :meth:`~.json_constraint.JsonConstraint.closing_token` whenever that has a choice and asks
    the model only where it has none, for at most ``closing_budget`` more tokens; output that
-   still is not complete is reported (``complete=False``), not raised.
+   still is not complete is reported (``complete=False``), not raised. With
+   ``optional_margin`` > 0, wherever the arguments object may end or take another member, going
+   on costs that many nats (its ids' logits lowered): a member past the required ones is added
+   only when the model prefers it by more than the margin (small models fill optional
+   arguments with invented values).
 
 ``result.errors`` is empty when the arguments parse, validate against the schema (``jsonschema``)
 and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MCP and sampled
@@ -150,6 +154,13 @@ def tool_call_prompt(
     return list(tokenizer.encode(text + CALL_PREFIX, add_special_tokens=False))
 
 
+def _lowered(logits: mx.array, ids: np.ndarray, nats: float) -> mx.array:
+    """``logits (1, T, V)`` with the last row's ``ids`` lowered by ``nats``."""
+    penalty = np.zeros(logits.shape[-1], dtype=np.float32)
+    penalty[ids[ids < penalty.size]] = nats
+    return logits - mx.array(penalty).astype(logits.dtype)
+
+
 def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
     row = mask_logits(logits[:, -1, :], mask)  # (1, V)
     logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
@@ -201,6 +212,7 @@ def generate_tool_call(
     max_argument_tokens: int = 160,
     closing_budget: int = 96,
     guard_placeholders: bool = True,
+    optional_margin: float = 0.0,
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring)."""
     if not tools:
@@ -208,6 +220,8 @@ def generate_tool_call(
     by_name = {t.qualified_name: t for t in tools}
     if len(by_name) != len(tools):
         raise ArgumentError(f"duplicate tool names among {[t.qualified_name for t in tools]}")
+    if not optional_margin >= 0:
+        raise ArgumentError(f"optional_margin must be >= 0 nats, got {optional_margin!r}")
     if max_argument_tokens < 0 or closing_budget < 0:
         raise ArgumentError(f"token budgets must be >= 0, got {max_argument_tokens}, "
                             f"{closing_budget}")
@@ -281,8 +295,12 @@ def generate_tool_call(
         token_or_none = constraint.closing_token() if closing else None
         if token_or_none is None:
             mask = mx.array(constraint.allowed_mask())
+            choice = constraint.member_choice() if optional_margin > 0 else None
             args_us.append((time.perf_counter() - t0) * 1e6)
-            token = _sample(stream.next_logits(), mask, sampler)
+            logits = stream.next_logits()
+            if choice is not None:
+                logits = _lowered(logits, choice[1], optional_margin)
+            token = _sample(logits, mask, sampler)
             sampled += 1
         else:
             token = token_or_none
