@@ -212,8 +212,10 @@ def test_the_member_choice_is_offered_only_where_the_object_may_end(default_toke
         for token in default_tokenizer.encode(text, add_special_tokens=False):
             assert constraint.accept_token(token), text
 
-    feed('{"owner": "a", "repo": "b')
-    assert constraint.member_choice() is None  # inside a string
+    feed('{"owner": "a", "repo": "b')  # in the last required value: close and end, or go on
+    ends, goes_on = constraint.member_choice()
+    assert {vocab.token_bytes[t].replace(b" ", b"")[:2] for t in ends} == {b'"}'}
+    assert {vocab.token_bytes[t].replace(b" ", b"")[:2] for t in goes_on} == {b'",'}
     feed('"')
     ends, goes_on = constraint.member_choice()
     texts = [vocab.token_bytes[t].lstrip()[:1] for t in ends], \
@@ -231,3 +233,13 @@ def test_a_negative_optional_margin_is_refused(tiny, default_tokenizer):
     prompt = tool_call_prompt(default_tokenizer, "time?", [TIME_TOOL])
     with pytest.raises(ArgumentError, match="optional_margin"):
         generate_tool_call(tiny, default_tokenizer, None, prompt, [TIME_TOOL], optional_margin=-1)
+
+
+def test_restraint_drops_members_and_changes_no_value(tiny, default_tokenizer, github):
+    tool = github.get("list_issues")
+    prompt = tool_call_prompt(default_tokenizer, "list the open issues of octo/demo", [tool])
+    free = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool], max_argument_tokens=48)
+    held = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool], max_argument_tokens=48,
+                              optional_margin=1e4)
+    required = tool.input_schema["required"]
+    assert held.valid and held.arguments == {k: free.arguments[k] for k in required}

@@ -409,13 +409,17 @@ class JsonConstraint:
         return len(tokens)
 
     def member_choice(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Where the top-level object may both end and take another member (outside strings):
-        the allowed ids that end it (text starting ``}``) and those that go on (``,`` or a key's
-        ``"``), each non-empty; else None. For restraint on optional arguments."""
-        if len(self._scanner.kinds) != 1 or self._scanner.kinds[0] != "o" or self._scanner.in_string:
+        """Where the top-level object may both end now and take another member: the allowed ids
+        that end it (text ``}``, or ``"}`` closing its last string value) and those that go on
+        (``,`` or a key's ``"``; ``",`` from inside the last value), each non-empty; else None.
+        For restraint on optional arguments."""
+        scanner = self._scanner
+        if len(scanner.kinds) != 1 or scanner.kinds[0] != "o" or scanner.escape:
+            return None
+        if scanner.in_string and scanner.is_key:
             return None
         mask = self.allowed_mask()
-        ends, goes_on = _member_ids(self.vocab)
+        ends, goes_on = _member_ids(self.vocab, scanner.in_string)
         ends, goes_on = ends[mask[ends]], goes_on[mask[goes_on]]
         return (ends, goes_on) if ends.size and goes_on.size else None
 
@@ -455,15 +459,23 @@ CLOSE_OUTSIDE = ("}", "]", ",", '"', "0", "1", "true", "false", "null", ":")
 """Texts :meth:`JsonConstraint.closing_token` prefers outside strings, in order."""
 
 
-@lru_cache(maxsize=8)
-def _member_ids(vocab: TokenVocab) -> tuple[np.ndarray, np.ndarray]:
-    """Ids whose text (after leading whitespace) starts with ``}``, and with ``,`` or ``"``."""
+@lru_cache(maxsize=16)
+def _member_ids(vocab: TokenVocab, in_string: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Ids that end an object or go on to its next member, from outside a string (``}``;
+    ``,`` or ``"``) or from inside a value string (``"}``; ``",``), leading whitespace aside."""
     ends, goes_on = [], []
     for token, raw in enumerate(vocab.token_bytes):
-        head = raw.lstrip()[:1]
+        text = raw.lstrip()
+        if in_string:
+            if not text.startswith(b'"'):
+                continue
+            text = text[1:].lstrip()
+            head, on = text[:1], (b",",)
+        else:
+            head, on = text[:1], (b",", b'"')
         if head == b"}":
             ends.append(token)
-        elif head in (b",", b'"'):
+        elif head in on:
             goes_on.append(token)
     return np.array(ends, dtype=np.int64), np.array(goes_on, dtype=np.int64)
 

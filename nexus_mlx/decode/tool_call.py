@@ -17,10 +17,11 @@ returns a :class:`ToolCallResult`. The generated text is always::
    :meth:`~.json_constraint.JsonConstraint.closing_token` whenever that has a choice and asks
    the model only where it has none, for at most ``closing_budget`` more tokens; output that
    still is not complete is reported (``complete=False``), not raised. With
-   ``optional_margin`` > 0, wherever the arguments object may end or take another member, going
-   on costs that many nats (its ids' logits lowered): a member past the required ones is added
-   only when the model prefers it by more than the margin (small models fill optional
-   arguments with invented values).
+   ``optional_margin`` > 0, wherever the arguments object may end or take another member, a
+   sampled token that goes on must beat the best token that ends the object by that many nats
+   (logits), else the ending is taken: a member past the required ones is added only when the
+   model prefers it clearly (small models fill optional arguments with invented values). Other
+   tokens (a value still being written) are untouched.
 
 ``result.errors`` is empty when the arguments parse, validate against the schema (``jsonschema``)
 and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MCP and sampled
@@ -154,11 +155,16 @@ def tool_call_prompt(
     return list(tokenizer.encode(text + CALL_PREFIX, add_special_tokens=False))
 
 
-def _lowered(logits: mx.array, ids: np.ndarray, nats: float) -> mx.array:
-    """``logits (1, T, V)`` with the last row's ``ids`` lowered by ``nats``."""
-    penalty = np.zeros(logits.shape[-1], dtype=np.float32)
-    penalty[ids[ids < penalty.size]] = nats
-    return logits - mx.array(penalty).astype(logits.dtype)
+def _restrained(token: int, logits: mx.array, choice: tuple[np.ndarray, np.ndarray],
+                nats: float) -> int:
+    """``token``, unless it goes on to another member without beating the best way to end the
+    object by ``nats`` (last-row logits): then that best ending."""
+    ends, goes_on = choice
+    if token not in set(goes_on.tolist()):
+        return token
+    row = np.asarray(logits[0, -1].astype(mx.float32))
+    best_end = int(ends[np.argmax(row[ends])])
+    return token if row[token] - row[best_end] > nats else best_end
 
 
 def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
@@ -298,9 +304,9 @@ def generate_tool_call(
             choice = constraint.member_choice() if optional_margin > 0 else None
             args_us.append((time.perf_counter() - t0) * 1e6)
             logits = stream.next_logits()
-            if choice is not None:
-                logits = _lowered(logits, choice[1], optional_margin)
             token = _sample(logits, mask, sampler)
+            if choice is not None:
+                token = _restrained(token, logits, choice, optional_margin)
             sampled += 1
         else:
             token = token_or_none
