@@ -462,17 +462,16 @@ CLOSE_OUTSIDE = ("}", "]", ",", '"', "0", "1", "true", "false", "null", ":")
 @lru_cache(maxsize=16)
 def _member_ids(vocab: TokenVocab, in_string: bool) -> tuple[np.ndarray, np.ndarray]:
     """Ids that end an object or go on to its next member, from outside a string (``}``;
-    ``,`` or ``"``) or from inside a value string (``"}``; ``",``), leading whitespace aside."""
+    ``,`` or ``"``, after any whitespace) or from inside a value string (``"}``; ``",``, the
+    quote first)."""
     ends, goes_on = [], []
+    on: tuple[bytes, ...] = (b",",) if in_string else (b",", b'"')
     for token, raw in enumerate(vocab.token_bytes):
-        text = raw.lstrip()
-        if in_string:
-            if not text.startswith(b'"'):
+        if in_string:  # the quote must come first: a space before it would be string content
+            if not raw.startswith(b'"'):
                 continue
-            text = text[1:].lstrip()
-            head, on = text[:1], (b",",)
-        else:
-            head, on = text[:1], (b",", b'"')
+            raw = raw[1:]
+        head = raw.lstrip()[:1]
         if head == b"}":
             ends.append(token)
         elif head in on:
