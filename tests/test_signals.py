@@ -1,5 +1,6 @@
-"""Waiting for a stop signal: a signal sent to the process wakes the wait whichever thread the
-kernel hands it to, the previous handlers come back, and the wait ends when the server does."""
+"""Catching stop signals: a signal sent to the process ends the wait whichever thread the kernel
+hands it to, one that came before the wait is not lost, the previous handlers come back, and the
+wait ends when the server does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from nexus_mlx.cli.signals import wait_for_stop
+from nexus_mlx.cli.signals import StopSignals
 from nexus_mlx.errors import ArgumentError
 
 
@@ -27,11 +28,12 @@ def test_a_signal_to_the_process_ends_the_wait_and_the_handlers_come_back(signum
     spinner = threading.Thread(target=lambda: [None for _ in iter(busy.is_set, True)])
     spinner.start()  # another thread running Python code, as uvicorn's loop does
     try:
-        sender = _send_later(signum)
-        start = time.monotonic()
-        assert wait_for_stop(lambda: True) == signum
-        assert time.monotonic() - start < 5
-        sender.join()
+        with StopSignals() as stop:
+            sender = _send_later(signum)
+            start = time.monotonic()
+            assert stop.wait(lambda: True) == signum
+            assert time.monotonic() - start < 5
+            sender.join()
     finally:
         busy.set()
         spinner.join()
@@ -39,32 +41,42 @@ def test_a_signal_to_the_process_ends_the_wait_and_the_handlers_come_back(signum
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd was restored (none was set)
 
 
+def test_a_signal_before_the_wait_is_not_lost():
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # e.g. Ctrl-C while the server was starting
+        time.sleep(0.05)
+        assert stop.wait(lambda: False) == signal.SIGINT  # even though the server has ended
+
+
 def test_the_wait_ends_when_the_server_does():
     deadline = time.monotonic() + 0.3
-    assert wait_for_stop(lambda: time.monotonic() < deadline) is None
+    with StopSignals() as stop:
+        assert stop.wait(lambda: time.monotonic() < deadline) is None
 
 
 def test_other_signals_do_not_end_the_wait():
     deadline = time.monotonic() + 1.0
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)
     try:
-        sender = _send_later(signal.SIGUSR1)
-        assert wait_for_stop(lambda: time.monotonic() < deadline) is None
-        sender.join()
+        with StopSignals() as stop:
+            sender = _send_later(signal.SIGUSR1)
+            assert stop.wait(lambda: time.monotonic() < deadline) is None
+            sender.join()
     finally:
         signal.signal(signal.SIGUSR1, previous)
 
 
-def test_only_the_main_thread_may_wait():
+def test_only_the_main_thread_may_catch_them():
     errors: list[BaseException] = []
 
-    def wait() -> None:
+    def enter() -> None:
         try:
-            wait_for_stop(lambda: False)
+            with StopSignals():
+                pass
         except ArgumentError as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=wait)
+    thread = threading.Thread(target=enter)
     thread.start()
     thread.join()
     assert errors and "main thread" in str(errors[0])

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from nexus_mlx.cli import checks
 from nexus_mlx.cli.progress import Stages, tool_bar
-from nexus_mlx.cli.signals import wait_for_stop
+from nexus_mlx.cli.signals import StopSignals
 from nexus_mlx.decode.generate import GenerationStats, chat, greedy_continuation
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
@@ -313,12 +313,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     try:
-        server.start()
-        print(f"serving model {args.model!r} at {server.base_url} (OpenAI-compatible; Ctrl-C "
-              "stops)", flush=True)
-        if wait_for_stop(lambda: server.running) is not None:
-            print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:  # Ctrl-C before the wait began
+        with StopSignals() as stop:  # before the URL is printed: no signal can slip past
+            server.start()
+            print(f"serving model {args.model!r} at {server.base_url} (OpenAI-compatible; "
+                  "Ctrl-C stops)", flush=True)
+            if stop.wait(lambda: server.running) is not None:
+                print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed
         print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
     finally:
         server.stop()

@@ -8,7 +8,7 @@ in a daemon thread and returns once it accepts connections; :attr:`url` / :attr:
 stops at its next token), asks uvicorn to finish (open streams get ``shutdown_grace_s``) and
 waits for its thread; it is idempotent and the object is a context manager. ``wait()`` blocks
 until the server ends (Ctrl-C raises ``KeyboardInterrupt`` in the caller, who stops it; the
-command line waits with :func:`nexus_mlx.cli.signals.wait_for_stop` instead, which cannot miss
+command line waits with :class:`nexus_mlx.cli.signals.StopSignals` instead, which cannot miss
 a signal delivered to another thread).
 :func:`serve` is ``Server(...).start()``; :func:`bind_socket` binds early (the command line does
 so before loading the model, so a busy port fails fast) and raises :class:`ArgumentError` naming
