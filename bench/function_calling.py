@@ -61,6 +61,7 @@ import numpy as np
 import nexus_mlx
 from nexus_mlx.agent.orchestrator import Agent
 from nexus_mlx.decode.placeholders import schema_errors
+from nexus_mlx.decode.tool_call import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.routing.router import build_router
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 from routing_eval import GITHUB_QUERIES, GITHUB_TOOLS, log, wilson
@@ -212,7 +213,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--n", type=int, default=0, help="first n queries (0: all)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--max-argument-tokens", type=int, default=DEFAULT_BUDGET)
-    parser.add_argument("--optional-margin", type=float, default=0.0,
+    parser.add_argument("--optional-margin", type=float, default=DEFAULT_OPTIONAL_MARGIN,
                         help="nats an argument past the required ones must win by "
                              "(generate_tool_call's optional_margin; 0: off)")
     args = parser.parse_args()

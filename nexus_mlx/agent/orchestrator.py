@@ -31,7 +31,12 @@ from nexus_mlx.agent.loop import AgentRun, run_agent, server_for
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
-from nexus_mlx.decode.tool_call import ToolCallResult, generate_tool_call, tool_call_prompt
+from nexus_mlx.decode.tool_call import (
+    DEFAULT_OPTIONAL_MARGIN,
+    ToolCallResult,
+    generate_tool_call,
+    tool_call_prompt,
+)
 from nexus_mlx.errors import ToolError
 from nexus_mlx.routing.router import RouteDecision, Router
 from nexus_mlx.tools.registry import ToolRegistry
@@ -58,7 +63,7 @@ class Agent:
         window: int = 4,
         payload_chars: int = 240,
         max_argument_tokens: int = 96,
-        optional_margin: float = 0.0,
+        optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.registry, self.router = registry, router

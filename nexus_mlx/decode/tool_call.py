@@ -21,7 +21,9 @@ returns a :class:`ToolCallResult`. The generated text is always::
    sampled token that goes on must beat the best token that ends the object by that many nats
    (logits), else the ending is taken: a member past the required ones is added only when the
    model prefers it clearly (small models fill optional arguments with invented values). Other
-   tokens (a value still being written) are untouched.
+   tokens (a value still being written) are untouched. The default,
+   :data:`DEFAULT_OPTIONAL_MARGIN`, was chosen on GitHub MCP queries and held out on Seal-Tools
+   (Qwen2.5-Coder-0.5B: call accuracy 0.38 -> 0.62 there); 0 turns it off.
 
 ``result.errors`` is empty when the arguments parse, validate against the schema (``jsonschema``)
 and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MCP and sampled
@@ -155,6 +157,9 @@ def tool_call_prompt(
     return list(tokenizer.encode(text + CALL_PREFIX, add_special_tokens=False))
 
 
+DEFAULT_OPTIONAL_MARGIN = 5.0  # nats; results/function_calling_*_margin5.json
+
+
 def _restrained(token: int, logits: mx.array, choice: tuple[np.ndarray, np.ndarray],
                 nats: float) -> int:
     """``token``, unless it goes on to another member without beating the best way to end the
@@ -218,7 +223,7 @@ def generate_tool_call(
     max_argument_tokens: int = 160,
     closing_budget: int = 96,
     guard_placeholders: bool = True,
-    optional_margin: float = 0.0,
+    optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring)."""
     if not tools:
