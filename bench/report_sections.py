@@ -217,8 +217,8 @@ def curve_section(d: dict[str, Any]) -> list[str]:
                      fmt(ref.get("percent"), ".1f"), fmt(ref.get("kl_median"), ".4f"),
                      fmt(ref.get("top1"), ".2f")])
     c = mapping(d, "curve")
-    head = [f"Blocks compiled after: {fmt(d.get('block_context'))}; pass: top-1 on every calibration tool and KL median "
-            f"<= {fmt(d.get('kl_limit'), 'g')} nats. Fitted curve: M = {fmt(c.get('M'))}, "
+    head = [f"Blocks compiled after: {fmt(d.get('block_context'))}; pass: top-1 on every "
+            f"calibration tool and KL median <= {fmt(d.get('kl_limit'), 'g')} nats. Fitted curve: M = {fmt(c.get('M'))}, "
             f"R_base = {fmt(c.get('R_base'), 'g')}, K = {fmt(c.get('K'), 'g')}.", ""]
     return head + table(["n_past", "need %", "fitted %", "held-out KL", "held-out top-1",
                          "paper curve %", "its KL", "its top-1"], rows)

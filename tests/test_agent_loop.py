@@ -45,15 +45,20 @@ def test_empty_requests_are_refused(default_model):
         run_agent(Session(model, tokenizer), [], "  ", ToolRegistry(), {})
 
 
-def test_the_loop_calls_a_live_server_and_reuses_the_cache(default_model):
-    model, tokenizer = default_model
+@pytest.fixture(scope="module")
+def time_server():
+    """The live mcp-server-time: its registry and the servers mapping ``run_agent`` takes."""
     spec = installed_server("mcp-server-time", "mcp_server_time", namespace="time",
                             call_timeout=20)
     with McpServer(spec) as server:
-        registry = server.list_tools()
-        session = Session(model, tokenizer)
-        run = run_agent(session, [], "What is the current time in the UTC timezone?", registry,
-                        {"time": server}, tool_choice="required", max_steps=2, max_tokens=64)
+        yield server.list_tools(), {"time": server}
+
+
+def test_the_loop_calls_a_live_server_and_reuses_the_cache(default_model, time_server):
+    model, tokenizer = default_model
+    registry, servers = time_server
+    run = run_agent(Session(model, tokenizer), [], "What is the current time in the UTC timezone?",
+                    registry, servers, tool_choice="required", max_steps=2, max_tokens=64)
     assert run.executions, "the first step is forced to call a tool"
     first = run.executions[0]
     assert first.name in registry.names()
@@ -85,15 +90,12 @@ class _DescribesItsFirstCall(Session):
         return reply
 
 
-def test_a_call_written_as_prose_is_made_in_the_format(default_model):
+def test_a_call_written_as_prose_is_made_in_the_format(default_model, time_server):
     model, tokenizer = default_model
-    spec = installed_server("mcp-server-time", "mcp_server_time", namespace="time",
-                            call_timeout=20)
-    with McpServer(spec) as server:
-        registry = server.list_tools()
-        session = _DescribesItsFirstCall(model, tokenizer)
-        run = run_agent(session, [], "What is the current time in UTC?", registry,
-                        {"time": server}, max_steps=2, max_tokens=64)
+    registry, servers = time_server
+    session = _DescribesItsFirstCall(model, tokenizer)
+    run = run_agent(session, [], "What is the current time in UTC?", registry, servers,
+                    max_steps=2, max_tokens=64)
     assert run.regenerated[0] == "step 0: ['time.get_current_time'] written as text, forced"
     first = run.executions[0]
     assert first.name == "time.get_current_time" and first.ok, first.output

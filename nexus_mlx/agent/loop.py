@@ -12,10 +12,11 @@ a new call to an offered tool as JSON in its prose instead of in the call format
 do) is regenerated with that tool forced (``tool_choice`` naming it, or ``"required"`` for
 several), so the call is made and schema-valid; one that only repeats calls already executed, in
 the format or as text, is asked again for the answer, with ``tool_choice "none"`` and a first
-token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). Tool results older than the latest
-step and longer than ``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
-the middle of the conversation that the session repairs instead of re-encoding; while the calls
-run on their servers the session heals the rows its repairs left stale
+token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). Tool results
+older than the latest step and longer than ``payload_chars`` are replaced by a short surrogate
+in the messages the session sees, an edit in the middle of the conversation that the session
+repairs instead of re-encoding; while the calls run on their servers the session heals the rows
+its repairs left stale
 (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
 that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
 can recover; the :class:`Execution` records say which calls succeeded.

@@ -312,16 +312,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    signalled = False
     try:
         with StopSignals() as stop:  # before the URL is printed: no signal can slip past
             server.start()
             print(f"serving model {args.model!r} at {server.base_url} (OpenAI-compatible; "
                   "Ctrl-C stops)", flush=True)
-            if stop.wait(lambda: server.running) is not None:
-                print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
+            signalled = stop.wait(lambda: server.running) is not None
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed
-        print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
+        signalled = True
     finally:
+        if signalled:
+            print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
         server.stop()
     return 0
 

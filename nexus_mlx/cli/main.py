@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", help="the user message")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
 
-    p = _add(sub, "demo", "the main job (make demo runs it with --model qwen2.5-coder-0.5b)", commands.cmd_demo)
+    p = _add(sub, "demo", "the main job (make demo runs it with --model qwen2.5-coder-0.5b)",
+             commands.cmd_demo)
     p.add_argument("--extra-tools", action="append", default=[], metavar="FILE",
                    help="a registry file whose tools are routed alongside the live ones (repeatable)")
 

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import json
 import re
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
-from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
 from nexus_mlx.errors import ArgumentError, ToolError
 
@@ -127,16 +127,13 @@ def intended_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
     return found
 
 
-_NOT_PROSE_IDS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
-
-
-def _not_prose_ids(vocab: Any) -> np.ndarray:
-    """Ids that may not open a prose answer (see :func:`prose_answer`), cached per vocabulary."""
-    if vocab not in _NOT_PROSE_IDS:
-        opening = [i for i, raw in enumerate(vocab.token_bytes)
-                   if not raw.decode("utf-8", errors="replace").lstrip()[:1].isalnum()]
-        _NOT_PROSE_IDS[vocab] = np.array(opening + sorted(vocab.special_ids), dtype=np.int32)
-    return _NOT_PROSE_IDS[vocab]
+@lru_cache(maxsize=8)
+def _prose_openers(vocab: TokenVocab) -> mx.array:
+    """``(V,)`` bool: the ids that may open a prose answer (see :func:`prose_answer`)."""
+    keep = np.array([raw.decode("utf-8", errors="replace").lstrip()[:1].isalnum()
+                     for raw in vocab.token_bytes], dtype=bool)
+    keep[sorted(vocab.special_ids)] = False
+    return mx.array(keep)
 
 
 def prose_answer(tokenizer: Any) -> Callable[[mx.array, mx.array], mx.array]:
@@ -144,14 +141,10 @@ def prose_answer(tokenizer: Any) -> Callable[[mx.array, mx.array], mx.array]:
     be a token whose text (after leading whitespace) begins with a letter or a digit: not JSON,
     a code fence, a call or any other punctuation, and no special token (the end of the turn
     included: the answer is not empty). Later ids are free."""
-    banned = _not_prose_ids(vocab_of(tokenizer))
+    openers = _prose_openers(vocab_of(tokenizer))
 
     def process(ids: mx.array, logits: mx.array) -> mx.array:
-        if ids.size or not banned.size:
-            return logits
-        keep = np.ones(logits.shape[-1], dtype=bool)
-        keep[banned[banned < keep.size]] = False
-        return mx.where(mx.array(keep), logits, mx.array(-mx.inf, dtype=logits.dtype))
+        return logits if ids.size else mask_logits(logits, openers)
 
     return process
 

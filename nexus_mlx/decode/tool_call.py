@@ -165,7 +165,7 @@ def _restrained(token: int, logits: mx.array, choice: tuple[np.ndarray, np.ndarr
     """``token``, unless it goes on to another member without beating the best way to end the
     object by ``nats`` (last-row logits): then that best ending."""
     ends, goes_on = choice
-    if token not in set(goes_on.tolist()):
+    if not np.any(goes_on == token):
         return token
     row = np.asarray(logits[0, -1].astype(mx.float32))
     best_end = int(ends[np.argmax(row[ends])])
