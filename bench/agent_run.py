@@ -54,7 +54,10 @@ def _clock_times(moment: datetime.datetime) -> set[str]:
 
 
 def _has_time(answer: str, moment: datetime.datetime) -> bool:
-    found = set(re.findall(r"\b(\d{1,2}:\d{2})", answer))
+    """Whether ``answer`` states ``moment``'s clock time: ``HH:MM`` not preceded by a digit or a
+    colon, so a time inside an ISO 8601 datetime (``2026-12-02T05:00:05+09:00``) counts and its
+    ``MM:SS`` does not."""
+    found = set(re.findall(r"(?<![\d:])(\d{1,2}:\d{2})", answer))
     return bool(found & _clock_times(moment))
 
 

@@ -1,0 +1,30 @@
+"""The agent_run benchmark's answer checks: facts found in the forms answers write them."""
+
+import datetime
+from zoneinfo import ZoneInfo
+
+from agent_run import check
+
+TOKYO = ZoneInfo("Asia/Tokyo")
+MOMENT = datetime.datetime(2026, 12, 2, 5, 0, 32, tzinfo=TOKYO)
+
+
+def test_clock_time_in_words_and_in_iso_datetimes():
+    expect = {"tokyo_time_at": MOMENT}
+    for answer in ("It is 05:00 in Tokyo.", "It was 5:01 am there.",
+                   '{"datetime": "2026-12-02T05:00:32+09:00"}', "at 4:58"):
+        assert check(answer, expect, MOMENT)["Tokyo time at the commit"], answer
+
+
+def test_seconds_and_offsets_are_not_read_as_the_clock_time():
+    expect = {"tokyo_time_at": datetime.datetime(2026, 12, 2, 0, 5, tzinfo=TOKYO)}
+    # 05:00:32+09:00 holds "00:32" (seconds) and "09:00" (the offset), never 00:05
+    assert not check("2026-12-02T05:00:05+09:00", expect, MOMENT)["Tokyo time at the commit"]
+    assert not check("at 12:00", expect, MOMENT)["Tokyo time at the commit"]
+
+
+def test_mentions_are_case_insensitive_and_any_of_needs_one():
+    expect = {"contains": ["login.py"], "contains_any": ["19:30", "7:30"]}
+    out = check("Added LOGIN.PY; London: 7:30 pm", expect, MOMENT)
+    assert out == {"mentions login.py": True, "mentions 19:30 or 7:30": True}
+    assert not any(check("nothing here", expect, MOMENT).values())
