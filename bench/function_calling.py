@@ -2,9 +2,9 @@
 score the call as a parsed structure.
 
 Contract: ``python bench/function_calling.py [--registry R] [--queries Q] [--model M] [--n N]
-[--tag T] [--quick]``. ``R`` is an MCP-style tool file (``{"tools": [...]}`` or a plain list) or
-a Seal-Tools ``tool.jsonl`` (``nexus_mlx.tools.registry.load_tools``); default the 117 GitHub
-MCP tools. ``Q`` is a JSON-lines gold file (``{"id", "query", "tool", "arguments",
+[--prompt ir|native] [--reranker default|ql|choice] [--tag T] [--quick]``. ``R`` is an
+MCP-style tool file (``{"tools": [...]}`` or a plain list) or a Seal-Tools ``tool.jsonl``
+(``nexus_mlx.tools.registry.load_tools``); default the 117 GitHub MCP tools. ``Q`` is a JSON-lines gold file (``{"id", "query", "tool", "arguments",
 "acceptable"}``, ``bench/tasks/call_scoring.py``; default ``bench/github_queries.jsonl``) or a
 Seal-Tools ``dev.jsonl``, converted at run time by ``bench/tasks/seal_queries.py`` (its
 single-call rows). Every gold call is checked against its tool's schema first
@@ -13,9 +13,10 @@ skipped and listed. ``--n``: the first N queries (0: all).
 
 Each query is one :meth:`nexus_mlx.agent.orchestrator.Agent.turn`, the demo's path: the library
 router (:func:`~nexus_mlx.routing.router.build_router` defaults: MiniLM embedder, INT8 SLB of the
-registry, gate calibrated on it, the query-likelihood reranker on model ``M`` for escalated
-queries) picks the tool, then ``generate_tool_call`` writes its arguments over the tool's
-compressed-IR signature, the JSON constrained by the schema's grammar (greedy, at most
+registry, gate calibrated on it, ``default_reranker`` on model ``M`` for escalated queries, or
+the one ``--reranker`` names) picks the tool, then ``generate_tool_call`` writes its arguments
+over the tool's compressed-IR signature (``--prompt native``: its full definition in the
+model's own tool prompt), the JSON constrained by the schema's grammar (greedy, at most
 ``--max-argument-tokens`` sampled argument tokens). One untimed warm-up turn runs first; then
 every query is timed once (route, arguments, total: wall clock per query).
 
@@ -61,7 +62,8 @@ import numpy as np
 import nexus_mlx
 from nexus_mlx.agent.orchestrator import Agent
 from nexus_mlx.decode.placeholders import schema_errors
-from nexus_mlx.decode.tool_call import DEFAULT_OPTIONAL_MARGIN
+from nexus_mlx.decode.tool_call import DEFAULT_OPTIONAL_MARGIN, PROMPT_STYLES
+from nexus_mlx.routing.rerank import QueryLikelihoodReranker, ToolChoiceReranker
 from nexus_mlx.routing.router import build_router
 from nexus_mlx.tools.registry import ToolRegistry, load_tools
 from routing_eval import GITHUB_QUERIES, GITHUB_TOOLS, log, wilson
@@ -216,6 +218,12 @@ def main() -> dict[str, Any]:
     parser.add_argument("--optional-margin", type=float, default=DEFAULT_OPTIONAL_MARGIN,
                         help="nats an argument past the required ones must win by "
                              "(generate_tool_call's optional_margin; 0: off)")
+    parser.add_argument("--prompt", choices=PROMPT_STYLES, default="ir",
+                        help="argument prompt: the compressed-IR signature (ir) or the model's "
+                             "own tool prompt with the full schema (native)")
+    parser.add_argument("--reranker", choices=("default", "ql", "choice"), default="default",
+                        help="the router's reranker: the library default for the model "
+                             "(default_reranker), query likelihood, or tool choice")
     args = parser.parse_args()
     wall = time.perf_counter()
     registry = load_tools(args.registry)
@@ -230,10 +238,13 @@ def main() -> dict[str, Any]:
 
     model, tokenizer = nexus_mlx.load(args.model)
     start = time.perf_counter()
-    router = build_router(registry, model, tokenizer)
+    reranker = {"default": None, "ql": QueryLikelihoodReranker,
+                "choice": ToolChoiceReranker}[args.reranker]
+    router = build_router(registry, model, tokenizer,
+                          reranker=reranker(model, tokenizer) if reranker else None)
     setup_s = time.perf_counter() - start
     agent = Agent(model, tokenizer, registry, router, max_argument_tokens=budget,
-                  optional_margin=args.optional_margin)
+                  optional_margin=args.optional_margin, prompt_style=args.prompt)
     agent.turn([{"role": "user", "content": gold[0].query}])  # warm-up (untimed)
 
     rows: list[dict[str, Any]] = []
@@ -284,9 +295,10 @@ def main() -> dict[str, Any]:
         **{k: v for k, v in summary.items() if k not in ("n",)},
         "targets": {**targets, "met": {k: summary[k] >= v for k, v in targets.items()}},
         "config": {
-            "pipeline": "Agent.turn: build_router defaults (MiniLM + INT8 SLB + calibrated gate "
-                        "+ query-likelihood reranker on the model) -> tool_call_prompt (IR "
-                        "signature) -> generate_tool_call (greedy, schema grammar)",
+            "pipeline": "Agent.turn: build_router (MiniLM + INT8 SLB + BM25 + calibrated gate "
+                        "+ the reranker on the model) -> tool_call_prompt (style below) -> "
+                        "generate_tool_call (greedy, schema grammar)",
+            "prompt": args.prompt,
             "max_argument_tokens": budget, "optional_margin": args.optional_margin,
             "k": router.k, "tau": router.gate.tau,
             "calibration": router.calibration.describe() if router.calibration else None,

@@ -3,7 +3,8 @@
 Contract: ``Agent(model, tokenizer, registry, router, servers).turn(messages)`` routes the last
 user message with the :class:`~nexus_mlx.routing.router.Router` (SLB + margin gate + reranker:
 depth-independent, it never reads the conversation's KV cache), then generates the chosen
-tool's arguments over its compressed-IR signature with constrained decoding, in a sidecar
+tool's arguments over its compressed-IR signature (``prompt_style="ir"``, the default) or its
+full definition in the model's own tool prompt (``"native"``) with constrained decoding, in a sidecar
 sequence at position 0 built from a pruned window of the conversation
 (:func:`~nexus_mlx.agent.sidecar.sidecar_messages`). ``execute(turn)`` runs the call on the live
 MCP server that owns the tool and returns its result. ``run(request)`` is the multi-step loop
@@ -33,11 +34,12 @@ from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
 from nexus_mlx.decode.tool_call import (
     DEFAULT_OPTIONAL_MARGIN,
+    PROMPT_STYLES,
     ToolCallResult,
     generate_tool_call,
     tool_call_prompt,
 )
-from nexus_mlx.errors import ToolError
+from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.routing.router import RouteDecision, Router
 from nexus_mlx.tools.registry import ToolRegistry
 
@@ -64,13 +66,18 @@ class Agent:
         payload_chars: int = 240,
         max_argument_tokens: int = 96,
         optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
+        prompt_style: str = "ir",
     ) -> None:
+        if prompt_style not in PROMPT_STYLES:
+            raise ArgumentError(f"unknown prompt style {prompt_style!r}; choose one of "
+                                f"{PROMPT_STYLES}")
         self.model, self.tokenizer = model, tokenizer
         self.registry, self.router = registry, router
         self.servers = dict(servers or {})  # namespace (or "") -> server
         self.window, self.payload_chars = window, payload_chars
         self.max_argument_tokens = max_argument_tokens
         self.optional_margin = optional_margin  # see generate_tool_call
+        self.prompt_style = prompt_style  # "ir" or "native": see tool_call_prompt
         self.lock = threading.RLock()
         self.session: Session | None = None  # the live conversation of run(), made on first use
         self.history: list[dict[str, Any]] = []
@@ -113,7 +120,7 @@ class Agent:
             timings["route"] = time.perf_counter() - start
             tool = self.registry.get(decision.chosen)
             start = time.perf_counter()
-            prompt = tool_call_prompt(self.tokenizer, window, [tool])
+            prompt = tool_call_prompt(self.tokenizer, window, [tool], style=self.prompt_style)
             call = generate_tool_call(self.model, self.tokenizer, None, prompt, [tool],
                                       max_argument_tokens=self.max_argument_tokens,
                                       optional_margin=self.optional_margin)

@@ -40,6 +40,9 @@ listing one compressed-IR signature per tool (``routing.ir.tool_signature``, e.g
 user message, and the assistant turn opened with :data:`CALL_PREFIX`. The system message depends
 only on the tools, so requests over the same tools share its KV prefix (prefill it once, fork the
 cache, pass the rest as ``prompt_tokens``).
+``style="native"`` (:func:`native_call_prompt`) is instead the model's own tool-calling prompt:
+its template with the tools' full definitions, the call opened as ``<tool_call>`` then
+:data:`CALL_PREFIX`; longer, and it keeps the arguments' descriptions.
 
 It does not choose candidate tools (routing does), execute calls or parse free-form model text.
 """
@@ -56,6 +59,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
 from nexus_mlx.decode.generate import Sampler, greedy
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
@@ -132,19 +136,28 @@ class ToolCallResult:
         return self.complete and not self.errors
 
 
+PROMPT_STYLES = ("ir", "native")
+
+
 def tool_call_prompt(
     tokenizer: Any,
     request: str | Sequence[dict[str, str]],
     tools: Sequence[Tool],
     *,
     ir_options: IROptions = DEFAULT_IR,
+    style: str = "ir",
 ) -> list[int]:
-    """Token ids of the prompt described in the module docstring.
+    """Token ids of the prompt described in the module docstring (``style="ir"``), or of the
+    model's own tool-calling prompt (``"native"``: :func:`native_call_prompt`).
 
     ``request`` is the user's text, or chat messages (without a system message: ours is put
     first) whose last one is the user's."""
+    if style not in PROMPT_STYLES:
+        raise ArgumentError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
     if not tools:
         raise ArgumentError("a tool-call prompt needs at least one tool")
+    if style == "native":
+        return native_call_prompt(tokenizer, request, tools)
     signatures = "\n".join(tool_signature(t, ir_options) for t in tools)
     messages: list[dict[str, str]] = [
         {"role": "system", "content": SYSTEM_PROMPT.format(signatures=signatures)}
@@ -155,6 +168,28 @@ def tool_call_prompt(
         messages.extend(dict(m) for m in request)
     text = chat_text(tokenizer, messages)
     return list(tokenizer.encode(text + CALL_PREFIX, add_special_tokens=False))
+
+
+def native_call_prompt(
+    tokenizer: Any, request: str | Sequence[dict[str, str]], tools: Sequence[Tool]
+) -> list[int]:
+    """The prompt the model was trained to call tools from: its chat template with each tool's
+    full definition (name, description, JSON schema with the arguments' descriptions), the
+    request, and the assistant turn opened as a call (``<tool_call>``, newline,
+    :data:`CALL_PREFIX`). A template that shows no tools gets them in the system message
+    (:func:`~.call_format.textual_messages`). Longer than the IR prompt; see
+    ``bench/function_calling.py --prompt``."""
+    functions = [{"type": "function", "function": {
+        "name": t.qualified_name, "description": t.description,
+        "parameters": dict(t.input_schema)}} for t in tools]
+    messages = ([{"role": "user", "content": request}] if isinstance(request, str)
+                else [dict(m) for m in request])
+    if renders_tools(tokenizer):
+        text = tokenizer.apply_chat_template(messages, tools=functions,
+                                             add_generation_prompt=True, tokenize=False)
+    else:
+        text = chat_text(tokenizer, textual_messages(messages, functions))
+    return list(tokenizer.encode(f"{text}{CALL_OPEN}\n{CALL_PREFIX}", add_special_tokens=False))
 
 
 DEFAULT_OPTIONAL_MARGIN = 5.0  # nats; results/function_calling_*_margin5.json
@@ -358,10 +393,11 @@ def call_tool(
     tools: Sequence[Tool],
     *,
     ir_options: IROptions = DEFAULT_IR,
+    style: str = "ir",
     **kwargs: Any,
 ) -> ToolCallResult:
     """:func:`tool_call_prompt` + :func:`generate_tool_call` on a fresh cache."""
-    prompt = tool_call_prompt(tokenizer, request, tools, ir_options=ir_options)
+    prompt = tool_call_prompt(tokenizer, request, tools, ir_options=ir_options, style=style)
     return generate_tool_call(model, tokenizer, None, prompt, tools, **kwargs)
 
 

@@ -13,6 +13,14 @@ them). No cross-encoder ships offline, so both implementations here read with th
 - :class:`LLMReranker`: the LLM reads the candidates' compact signatures and the request once
   (one prefill); each name is scored as the continuation of ``"Tool: "`` by its mean token
   log-probability (a forked cache per candidate).
+- :class:`ToolChoiceReranker`: the question asked the way the model was trained to answer it.
+  The candidates are the tools of the model's own chat template (name and description), the
+  request is the user turn, and the assistant turn is opened as a call (``<tool_call>`` then
+  ``{"name": "``); each candidate scores the summed log-probability of its whole name and the
+  text that ends it (``", "arguments":``), the probability of that call among all the model
+  could write, plus ``retrieval_weight`` times its retrieval score. One prefill per request, one
+  short forward per candidate. A template that shows no tools gets them in the system message
+  (``decode.call_format.textual_messages``, the format the session asks such models for).
 
 It evaluates arrays; it does not route or call tools.
 """
@@ -27,10 +35,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
+from nexus_mlx.decode.tool_call import CALL_PREFIX, NAME_GLUE
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.tokenizer import chat_ids
+from nexus_mlx.models.tokenizer import chat_ids, chat_text
 from nexus_mlx.tools.ir import tool_signature
 from nexus_mlx.tools.registry import split_identifier
 from nexus_mlx.tools.tool import Tool
@@ -47,6 +57,9 @@ DEFAULT_RETRIEVAL_WEIGHT = 0.5
 ``dev-difficult`` queries over 4,076 tools (``bench/rerank_fusion.py``: escalated accuracy
 0.842 vs 0.810 for the likelihood alone and 0.614 for the SLB top-1; weights 0.5-1.5 tie), never
 on the routing test queries."""
+
+CHOICE_RETRIEVAL_WEIGHT = 0.0
+"""The tool-choice reranker's weight on the retrieval score (see bench/rerank_choice.py)."""
 
 
 class Reranker(Protocol):
@@ -171,3 +184,62 @@ class LLMReranker:
             for t in tools
         ]
         return sorted(scored, key=lambda pair: -pair[1])
+
+
+class ToolChoiceReranker:
+    """Ranks candidates by the LLM's probability of calling each one (module docstring).
+
+    ``score(t) = log p(name(t) + NAME_GLUE | the candidates as the template's tools, the
+    request, the opened call) + retrieval_weight * retrieval_score(t)``. Stateless between
+    requests (one forked cache per candidate, dropped after), so safe to share under the
+    caller's MLX thread. The candidates are listed in the order given (retrieval order)."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *,
+                 retrieval_weight: float = CHOICE_RETRIEVAL_WEIGHT) -> None:
+        if not np.isfinite(retrieval_weight) or retrieval_weight < 0:
+            raise ArgumentError(f"retrieval_weight must be finite and >= 0, got {retrieval_weight}")
+        self.model, self.tokenizer = model, tokenizer
+        self.retrieval_weight = retrieval_weight
+        self.native = renders_tools(tokenizer)
+
+    def prompt_tokens(self, query: str, tools: Sequence[Tool]) -> list[int]:
+        """The request with ``tools`` offered, the assistant's call opened up to the name."""
+        functions = [{"type": "function", "function": {
+            "name": t.qualified_name, "description": " ".join(t.description.split()),
+            "parameters": {}}} for t in tools]
+        messages = [{"role": "user", "content": query}]
+        if self.native:
+            text = self.tokenizer.apply_chat_template(messages, tools=functions,
+                                                      add_generation_prompt=True, tokenize=False)
+        else:
+            text = chat_text(self.tokenizer, textual_messages(messages, functions))
+        opened = f"{text}{CALL_OPEN}\n{CALL_PREFIX}"
+        return list(self.tokenizer.encode(opened, add_special_tokens=False))
+
+    def rerank(
+        self, query: str, tools: Sequence[Tool], retrieval_scores: Sequence[float] | None = None
+    ) -> list[tuple[str, float]]:
+        prior = _check_retrieval(tools, retrieval_scores)
+        if not tools:
+            return []
+        cache = make_cache(self.model)
+        last = forward(self.model, self.prompt_tokens(query, tools), cache, logits="last")[0]
+        mx.eval(last)
+        cache.evaluate()
+        scored = []
+        for tool, p in zip(tools, prior, strict=True):
+            ids = list(self.tokenizer.encode(tool.qualified_name + NAME_GLUE,
+                                             add_special_tokens=False))
+            logprob = float(continuation_logprobs(self.model, cache.copy(), last, ids).sum())
+            scored.append((tool.qualified_name, logprob + self.retrieval_weight * p))
+        return sorted(scored, key=lambda pair: -pair[1])  # stable: retrieval order breaks ties
+
+
+def default_reranker(model: nn.Module, tokenizer: Any) -> Reranker:
+    """The reranker :func:`~nexus_mlx.routing.router.build_router` uses: a model whose chat
+    template shows tools (it was trained to call them) is asked for the call
+    (:class:`ToolChoiceReranker`); any other is read by query likelihood
+    (:class:`QueryLikelihoodReranker`). Measured in ``results/rerank_choice.json``."""
+    if renders_tools(tokenizer):
+        return ToolChoiceReranker(model, tokenizer)
+    return QueryLikelihoodReranker(model, tokenizer)

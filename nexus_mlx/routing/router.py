@@ -16,7 +16,9 @@ text: it never reads the LLM's cache.
 :func:`build_router` assembles the tuned defaults from a registry and the LLM: MiniLM embedder
 with the ``"query: "`` query prefix, INT8 SLB of the tools' word-split texts, gate calibrated on
 the registry under the router's fusion (tau 0, i.e. never escalate, when the registry is too
-small to calibrate), and the query-likelihood reranker fused with the retrieval score. Every
+small to calibrate), and the reranker :func:`~nexus_mlx.routing.rerank.default_reranker` picks
+for the model (the tool-choice reranker for a model whose template shows tools, else query
+likelihood fused with the retrieval score). Every
 default was chosen on held-out queries (``bench/routing_accuracy.py``'s lever sweep,
 ``bench/rerank_fusion.py``, ``bench/routing_levers.py`` for the lexical weight). The tools'
 embeddings go through the on-disk :mod:`~nexus_mlx.routing.embedding_cache` (keyed by the
@@ -41,7 +43,7 @@ from nexus_mlx.routing.embedding_cache import (
 )
 from nexus_mlx.routing.gate import Calibration, MarginGate, calibrate, margin, top_scores
 from nexus_mlx.routing.lexical import BM25Index
-from nexus_mlx.routing.rerank import QueryLikelihoodReranker, Reranker
+from nexus_mlx.routing.rerank import Reranker, default_reranker
 from nexus_mlx.routing.slb import SemanticLookasideBuffer, TextEmbedder
 from nexus_mlx.tools.registry import ToolRegistry
 
@@ -158,7 +160,8 @@ def build_router(
     """A :class:`Router` with the library's defaults (module docstring); ``embedder`` (an
     :class:`~nexus_mlx.routing.embedder.Embedder`, loaded with ``QUERY_PREFIX`` when omitted;
     ``embedder_id`` names it in the SLB, the calibration and the embedding cache) and
-    ``reranker`` (default: :class:`QueryLikelihoodReranker` on ``model``) can be given.
+    ``reranker`` (default: :func:`~nexus_mlx.routing.rerank.default_reranker` on ``model``)
+    can be given.
     ``embedding_cache``: True for the user cache folder, False to embed without one, or an
     :class:`EmbeddingCache`; ``progress`` makes a progress bar for the tools a cache miss embeds;
     ``lexical_weight`` is the BM25 fusion (0: the SLB cosine alone, the router before fusion)."""
@@ -183,7 +186,7 @@ def build_router(
     except ArgumentError:
         calibration, gate = None, MarginGate(0.0)
     if reranker is None:
-        reranker = QueryLikelihoodReranker(model, tokenizer)
+        reranker = default_reranker(model, tokenizer)
     cached = documents.hit if isinstance(documents, CachedDocumentEmbedder) else None
     return Router(registry, embedder, slb, gate, reranker, k=k, calibration=calibration,
                   embeddings_cached=cached, lexical_weight=lexical_weight, lexical=lexical)
