@@ -28,3 +28,12 @@ def test_mentions_are_case_insensitive_and_any_of_needs_one():
     out = check("Added LOGIN.PY; London: 7:30 pm", expect, MOMENT)
     assert out == {"mentions login.py": True, "mentions 19:30 or 7:30": True}
     assert not any(check("nothing here", expect, MOMENT).values())
+
+
+def test_now_is_any_minute_between_the_request_and_its_answer():
+    asked = MOMENT
+    answered = MOMENT + datetime.timedelta(minutes=7)
+    expect = {"tokyo_time_now": True}
+    assert check("It is 05:06 in Tokyo", expect, asked, answered)["Tokyo time now"]
+    assert not check("It is 05:06 in Tokyo", expect, asked)["Tokyo time now"]
+    assert not check("It is 05:12 in Tokyo", expect, asked, answered)["Tokyo time now"]
