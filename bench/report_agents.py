@@ -103,6 +103,24 @@ def function_calling_section(d: dict[str, Any]) -> list[str]:
     return head + table(["measure", "value", "95% CI", "target"], rows)
 
 
+def rerank_choice_section(d: dict[str, Any]) -> list[str]:
+    """``rerank_choice``: SLB top-1, query likelihood and tool choice per query set."""
+    rows = []
+    for name, s in mapping(d, "sets").items():
+        cell = [fmt(get(s, arm, "accuracy"), ".3f") + " " + fmt_ci(get(s, arm, "ci"), ".2f")
+                for arm in ("slb", "query_likelihood", "choice")]
+        rows.append([fmt(name) + (" (tuning)" if name == d.get("tune_set") else ""),
+                     fmt(s.get("n")), *cell,
+                     f"+{fmt(s.get('choice_fixed'))} / -{fmt(s.get('choice_broke'))}",
+                     fmt(s.get("escalated"), ".2f"), fmt(s.get("choice_ms"), ".0f")])
+    chosen = mapping(d, "chosen")
+    head = [f"Tool choice at retrieval weight {fmt(chosen.get('weight'), '.1f')}, "
+            f"{'gated' if chosen.get('gated') else 'every query'} (chosen on "
+            f"`{fmt(d.get('tune_set'))}` only); k = {fmt(d.get('k'))}.", ""]
+    return head + table(["set", "n", "SLB top-1", "query likelihood", "tool choice",
+                         "choice vs SLB", "escalated", "choice ms"], rows)
+
+
 def routing_levers_section(d: dict[str, Any]) -> list[str]:
     """``routing_levers``: first-stage top-1 of each text / fusion method per registry."""
     rows = [[fmt(r.get("method")), f"{fmt(r.get('set'))}@{fmt(r.get('N'))}", fmt(r.get("n")),

@@ -126,7 +126,8 @@ def test_missing_and_unreadable(results: Path):
     expected_missing = {"routing_accuracy", "calibration", "sidecar_accuracy", "repair_qa",
                         "engine", "packed_refresh", "slb_latency", "l0_radix", "embedder",
                         "micro_masks", "rerank_fusion", "function_calling", "routing_levers",
-                        "ir_hints", "agent_session", "server", "agent_run", "curve_calibration"}
+                        "ir_hints", "agent_session", "server", "agent_run", "curve_calibration",
+                        "rerank_choice"}
     assert set(names) == expected_missing  # quick/routing_accuracy.json is not a full result
     assert "- `routing_accuracy`: `python bench/routing_accuracy.py`" in missing
     assert "`blas`" not in missing and "`micro`" not in missing

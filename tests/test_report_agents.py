@@ -12,6 +12,7 @@ from report_agents import (
     agent_run_section,
     function_calling_section,
     ir_hints_section,
+    rerank_choice_section,
     routing_levers_section,
     server_section,
     session_section,
@@ -50,6 +51,12 @@ HINTS = {"model": "qwen", "accuracy": {"hints-48": {"n": 12, "call_accuracy": 0.
                                                     "call_ci": [0.47, 0.91],
                                                     "argument_accuracy": 0.78}},
          "tokens": {"github-mcp": {"hints-48": {"median": 36.0}}}}
+CHOICE = {"tune_set": "seal-tune", "k": 10, "chosen": {"weight": 2.0, "gated": True},
+          "sets": {"seal-tune": {"n": 100, "slb": {"accuracy": 0.9, "ci": [0.83, 0.94]},
+                                 "query_likelihood": {"accuracy": 0.87, "ci": [0.79, 0.92]},
+                                 "choice": {"accuracy": 0.9, "ci": [0.83, 0.94]},
+                                 "choice_fixed": 2, "choice_broke": 2, "escalated": 0.38,
+                                 "choice_ms": 6500.0}}}
 
 CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 0.917 | 1.000 | "
                                     "0.0123 | 210.5 |"),
@@ -60,6 +67,9 @@ CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 0
                                         "It added the README. | yes | 41 |"),
          (agent_run_section, AGENT_RUN, "get_current_time (refused)"),
          (function_calling_section, CALLS, "| routing accuracy | 0.800 | [0.700, 0.870] | 0.85 |"),
+         (rerank_choice_section, CHOICE, "| seal-tune (tuning) | 100 | 0.900 [0.83, 0.94] | "
+                                         "0.870 [0.79, 0.92] | 0.900 [0.83, 0.94] | +2 / -2 |"),
+         (rerank_choice_section, CHOICE, "retrieval weight 2.0, gated"),
          (routing_levers_section, LEVERS, "| fused:0.4 | github@117 | 78 | 0.731 |"),
          (ir_hints_section, HINTS, "| hints-48 | 12 | 0.750 | [0.470, 0.910] | 0.780 | "
                                    "github-mcp 36 |")]
@@ -73,7 +83,8 @@ def test_sections_show_the_measured_cells(render, data, line):
 
 @pytest.mark.parametrize("render", sorted({c[0] for c in CASES}, key=lambda f: f.__name__))
 @pytest.mark.parametrize("data", [{}, {"summary": [], "replay": 3, "records": "x", "rows": {},
-                                       "accuracy": [], "chosen": 1, "concurrency": "no"}])
+                                       "accuracy": [], "chosen": 1, "concurrency": "no",
+                                       "sets": [1]}])
 def test_partial_or_mistyped_results_render_without_raising(render, data):
     assert isinstance(render(data), list)
 
