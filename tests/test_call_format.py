@@ -223,3 +223,42 @@ def test_messages_for_templates_without_tools():
             {"function": {"name": "f", "arguments": "{oops"}}]}])
     with pytest.raises(ArgumentError, match="role"):
         normalized_messages([{"content": "no role"}])
+
+
+ZONE = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"},
+                                                    "format": {"type": "string"}},
+                   "required": ["timezone"]}}}
+
+
+def test_restraint_adds_an_optional_argument_only_when_it_wins_by_the_margin(default_tokenizer):
+    import mlx.core as mx
+
+    for margin in (5.0, 0.0):
+        tc = TurnConstraint(default_tokenizer, [ZONE], "required", optional_margin=margin)
+        assert tc.member_choice() is None  # the opener is still forced
+        assert all(_drive(tc, default_tokenizer, f'{CALL_OPEN}\n{{"name": "get_time", '
+                                                 '"arguments": {"timezone": "UTC'))
+        choice = tc.member_choice()
+        assert choice is not None
+        ends, goes_on = choice
+        mask = tc.allowed()
+        assert mask[ends].all() and mask[goes_on].all()
+        go, end = int(goes_on[0]), int(ends[0])
+        row = np.zeros(len(mask), dtype=np.float32)
+        row[go] = 3.0  # goes on, but by less than 5 nats
+        expected = end if margin else go
+        assert tc.restrain(go, mx.array(row)) == expected
+        row[go] = 7.0
+        assert tc.restrain(go, mx.array(row)) == go
+        letter = default_tokenizer.encode("x", add_special_tokens=False)[0]
+        assert tc.restrain(letter, mx.array(row)) == letter  # the value goes on: untouched
+    with pytest.raises(ArgumentError, match="optional_margin"):
+        TurnConstraint(default_tokenizer, [ZONE], "auto", optional_margin=-1.0)
+
+
+def test_required_arguments_are_never_restrained(default_tokenizer):
+    tc = TurnConstraint(default_tokenizer, [ZONE], "required")
+    _drive(tc, default_tokenizer, f'{CALL_OPEN}\n{{"name": "get_time", "arguments": {{')
+    assert tc.member_choice() is None  # "timezone" is still owed: the object cannot end

@@ -70,6 +70,7 @@ from nexus_mlx.decode.call_format import (
     turn_constraint,
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
+from nexus_mlx.decode.json_constraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
@@ -362,17 +363,19 @@ class Session:
         sampler: Sampler | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
         on_token: Callable[[int, str], None] | None = None,
+        optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     ) -> Reply:
         """Step to the request, then decode up to ``max_tokens`` ids (greedy by default) from
         the live cache under the turn's constraint (``tool_choice`` over ``tools``, or a
         ``response_format``), stopping at an end-of-turn id or a ``stop`` string (neither is
         returned). ``logits_processors`` (mlx-lm's ``(ids so far, logits (1, V)) -> logits``) run
         before the constraint's mask. ``on_token(id, text_so_far)`` is called after each id (for
-        streaming)."""
+        streaming). ``optional_margin``: the restraint on optional call arguments
+        (:class:`~nexus_mlx.decode.call_format.TurnConstraint`; 0: off)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
-                                     response_format, self.eos_token_ids)
+                                     response_format, self.eos_token_ids, optional_margin)
         with self.lock:
             start = time.perf_counter()
             report = self.step(messages, tools)
@@ -407,6 +410,8 @@ class Session:
                 row = mask_logits(row, mx.array(mask))
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
             token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
+            if constraint is not None:
+                token = constraint.restrain(token, row[0])
             if not out:
                 ttft = time.perf_counter() - start
             out.append(token)

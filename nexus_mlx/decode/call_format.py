@@ -14,8 +14,12 @@ Contract:
   opener, the call's JSON is constrained by the schema grammar, llguidance), ``"required"`` or a
   tool name (the turn starts with a forced opener, the JSON constrained to all tools or the named
   one). After a call closes, a turn with ``parallel`` calls may open another (a newline may come
-  first) or end, and nothing else; otherwise it must end. ``allowed()`` returns the bool mask ``(V,)`` for the next token, or None when
-  unconstrained; ``accept(token)`` advances. Expected refusals are masks, never exceptions.
+  first) or end, and nothing else; otherwise it must end. ``allowed()`` returns the bool mask
+  ``(V,)`` for the next token, or None when unconstrained; ``restrain(token, logits)`` applies
+  the optional-argument restraint (``optional_margin`` nats, as ``generate_tool_call``'s: a
+  call's arguments take a member past the required ones only where the model prefers it
+  clearly; 0 turns it off); ``accept(token)`` advances. Expected refusals are masks, never
+  exceptions.
 - :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls.
 - :func:`intended_calls` names the offered tools a reply writes out as JSON in its prose (a small
   model describing a call instead of making it), so a caller can ask for that call in the format;
@@ -39,7 +43,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
+from nexus_mlx.decode.json_constraint import (
+    DEFAULT_OPTIONAL_MARGIN,
+    JsonConstraint,
+    compile_schema,
+    restrained,
+)
 from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
 from nexus_mlx.errors import ArgumentError, ToolError
@@ -213,8 +222,12 @@ class TurnConstraint:
         *,
         parallel: bool = True,
         eos_ids: Sequence[int] = (),
+        optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     ) -> None:
+        if not optional_margin >= 0:
+            raise ArgumentError(f"optional_margin must be >= 0 nats, got {optional_margin!r}")
         self.vocab = vocab_of(tokenizer)
+        self.optional_margin = float(optional_margin)
         names = [function_of(t)["name"] for t in tools]
         choice = _choice_name(tool_choice)
         if choice not in ("none", "auto", "required") and choice not in names:
@@ -264,6 +277,22 @@ class TurnConstraint:
             mask[self._opener[0]] = False
             return mask
         return None
+
+    def member_choice(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where a call's arguments may end or take another member: (ending ids, going-on
+        ids), as :meth:`~.json_constraint.JsonConstraint.member_choice`; else None."""
+        if self._json is None or self._forced:
+            return None
+        return self._json.member_choice(depth=2)  # {"name": ..., "arguments": {<here>}}
+
+    def restrain(self, token: int, logits: mx.array) -> int:
+        """``token``, or the best ending of the call's arguments where ``token`` would add a
+        member without the margin (``logits``: the step's row, (V,); read only there)."""
+        choice = self.member_choice() if self.optional_margin else None
+        if choice is None:
+            return token
+        row = np.asarray(logits.astype(mx.float32))
+        return restrained(token, row, choice, self.optional_margin)
 
     def accept(self, token: int) -> None:
         """Advance by the sampled ``token`` (one the last mask allowed)."""
@@ -327,6 +356,10 @@ class ResponseConstraint:
             return mask
         return self._json.allowed_mask()
 
+    def restrain(self, token: int, logits: mx.array) -> int:
+        """``token`` unchanged: a ``response_format`` schema's optional fields are the reply's."""
+        return token
+
     def accept(self, token: int) -> None:
         if not self._json.is_complete():
             self._json.accept_token(int(token))
@@ -356,6 +389,7 @@ def turn_constraint(
     parallel: bool,
     response_format: Mapping[str, Any] | None,
     eos_ids: Sequence[int] | set[int] = (),
+    optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
 ) -> TurnConstraint | ResponseConstraint | None:
     """The constraint of one assistant turn: a JSON reply, a tool-call turn, or None (free)."""
     schema = response_schema(response_format) if response_format else None
@@ -368,7 +402,8 @@ def turn_constraint(
         if _choice_name(tool_choice) not in ("none", "auto"):
             raise ArgumentError(f"tool_choice {_choice_name(tool_choice)!r} needs tools")
         return None
-    return TurnConstraint(tokenizer, tools, tool_choice, parallel=parallel, eos_ids=eos)
+    return TurnConstraint(tokenizer, tools, tool_choice, parallel=parallel, eos_ids=eos,
+                          optional_margin=optional_margin)
 
 
 def normalized_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

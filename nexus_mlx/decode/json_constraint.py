@@ -408,13 +408,15 @@ class JsonConstraint:
                 return n
         return len(tokens)
 
-    def member_choice(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Where the top-level object may both end now and take another member: the allowed ids
-        that end it (text ``}``, or ``"}`` closing its last string value) and those that go on
-        (``,`` or a key's ``"``; ``",`` from inside the last value), each non-empty; else None.
-        For restraint on optional arguments."""
+    def member_choice(self, depth: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the object ``depth`` levels down (1: the top-level object; 2: an object that
+        is a member of it, e.g. a call's ``arguments``), innermost now, may both end and take
+        another member: the allowed ids that end it (text ``}``, or ``"}`` closing its last
+        string value) and those that go on (``,`` or a key's ``"``; ``",`` from inside the last
+        value), each non-empty; else None. For restraint on optional arguments
+        (:func:`restrained`)."""
         scanner = self._scanner
-        if len(scanner.kinds) != 1 or scanner.kinds[0] != "o" or scanner.escape:
+        if scanner.kinds != ["o"] * depth or scanner.escape:
             return None
         if scanner.in_string and scanner.is_key:
             return None
@@ -449,6 +451,27 @@ class JsonConstraint:
             return mask_logits(logits, mx.array(self.allowed_mask()))
 
         return process
+
+
+DEFAULT_OPTIONAL_MARGIN = 5.0
+"""Nats an argument past the required ones must win by (:func:`restrained`), chosen on GitHub MCP
+queries and held out on Seal-Tools (results/function_calling_*_margin5.json)."""
+
+
+def restrained(token: int, row: np.ndarray, choice: tuple[np.ndarray, np.ndarray] | None,
+               nats: float) -> int:
+    """``token``, unless at a member choice (:meth:`JsonConstraint.member_choice`) it goes on
+    to another member without beating the best way to end the object by ``nats`` in ``row``
+    (the step's logits, shape (V,)): then that best ending. Small models fill optional
+    arguments with invented values; this adds a member only where the model prefers it
+    clearly."""
+    if choice is None or nats <= 0:
+        return token
+    ends, goes_on = choice
+    if not np.any(goes_on == token):
+        return token
+    best_end = int(ends[np.argmax(row[ends])])
+    return token if row[token] - row[best_end] > nats else best_end
 
 
 CLOSE_IN_STRING = ('"}', '"]', '"', '",', "a", "0")

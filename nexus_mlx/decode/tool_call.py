@@ -61,7 +61,13 @@ import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
 from nexus_mlx.decode.generate import Sampler, greedy
-from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
+from nexus_mlx.decode.json_constraint import (
+    DEFAULT_OPTIONAL_MARGIN,
+    JsonConstraint,
+    compile_schema,
+    ll_tokenizer,
+    restrained,
+)
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.errors import ArgumentError
@@ -190,21 +196,6 @@ def native_call_prompt(
     else:
         text = chat_text(tokenizer, textual_messages(messages, functions))
     return list(tokenizer.encode(f"{text}{CALL_OPEN}\n{CALL_PREFIX}", add_special_tokens=False))
-
-
-DEFAULT_OPTIONAL_MARGIN = 5.0  # nats; results/function_calling_*_margin5.json
-
-
-def _restrained(token: int, logits: mx.array, choice: tuple[np.ndarray, np.ndarray],
-                nats: float) -> int:
-    """``token``, unless it goes on to another member without beating the best way to end the
-    object by ``nats`` (last-row logits): then that best ending."""
-    ends, goes_on = choice
-    if not np.any(goes_on == token):
-        return token
-    row = np.asarray(logits[0, -1].astype(mx.float32))
-    best_end = int(ends[np.argmax(row[ends])])
-    return token if row[token] - row[best_end] > nats else best_end
 
 
 def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
@@ -346,7 +337,8 @@ def generate_tool_call(
             logits = stream.next_logits()
             token = _sample(logits, mask, sampler)
             if choice is not None:
-                token = _restrained(token, logits, choice, optional_margin)
+                row = np.asarray(logits[0, -1].astype(mx.float32))  # (V,)
+                token = restrained(token, row, choice, optional_margin)
             sampled += 1
         else:
             token = token_or_none
