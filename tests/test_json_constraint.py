@@ -210,6 +210,19 @@ def test_guard_bans_closing_a_placeholder(default_tokenizer):
     assert unguarded.accept_token(quote_close)
 
 
+def test_released_guard_lets_a_placeholder_close_and_find_placeholders_reports_it(
+        default_tokenizer):
+    vocab = vocab_of(default_tokenizer)
+    quote_close = vocab.by_bytes[b'"}'][0]
+    schema = {"type": "object", "properties": {"owner": {"type": "string"}}}
+    constraint = _after(default_tokenizer, schema, '{"owner": "your-owner-name')
+    assert not constraint.allowed_mask()[quote_close]  # cached mask, guard on
+    constraint.release_guard()
+    assert constraint.allowed_mask()[quote_close]  # the cache was dropped
+    assert constraint.accept_token(quote_close) and constraint.is_complete()
+    assert find_placeholders(constraint.value(), schema) != []
+
+
 def test_guard_bans_starting_a_value_with_a_tool_name(default_tokenizer):
     vocab = vocab_of(default_tokenizer)
     schema = {"type": "object", "properties": {"name": {"type": "string"}}}

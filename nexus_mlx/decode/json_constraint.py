@@ -360,6 +360,13 @@ class JsonConstraint:
                 banned.extend(ids[mask[ids]].tolist())
         return np.array(banned, dtype=np.int64) if banned else None
 
+    def release_guard(self) -> None:
+        """Turn the placeholder guard off from here on (a decoder that must close the JSON
+        within a budget: a placeholder it cannot otherwise close is better finished and
+        reported by :func:`find_placeholders` than left open)."""
+        self.guard = False
+        self._mask = None
+
     def allowed_mask(self) -> np.ndarray:
         """``(V,)`` bool of the tokens the grammar (and the placeholder guard) allow next.
 

@@ -15,7 +15,9 @@ returns a :class:`ToolCallResult`. The generated text is always::
    :class:`~.json_constraint.JsonConstraint`; tokens llguidance forces are fed without sampling.
    After ``max_argument_tokens`` argument tokens the decoder closes the JSON: it takes
    :meth:`~.json_constraint.JsonConstraint.closing_token` whenever that has a choice and asks
-   the model only where it has none, for at most ``closing_budget`` more tokens; output that
+   the model only where it has none, for at most ``closing_budget`` more tokens; past half of
+   them the placeholder guard is off (a value no continuation saves, such as a runaway
+   ``"your-..."``, is finished and reported in ``errors`` rather than left open); output that
    still is not complete is reported (``complete=False``), not raised. With
    ``optional_margin`` > 0, wherever the arguments object may end or take another member, a
    sampled token that goes on must beat the best token that ends the object by that many nats
@@ -328,6 +330,9 @@ def generate_tool_call(
         closing = budget_sampled >= max_argument_tokens
         if closing and budget_sampled >= max_argument_tokens + closing_budget:
             break
+        if closing and constraint.guard and (
+                budget_sampled >= max_argument_tokens + closing_budget // 2):
+            constraint.release_guard()  # half the closing spent: finish even a placeholder
         t0 = time.perf_counter()
         token_or_none = constraint.closing_token() if closing else None
         if token_or_none is None:
