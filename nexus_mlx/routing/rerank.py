@@ -85,6 +85,15 @@ def continuation_logprobs(
     return np.asarray(logprobs[mx.arange(len(ids)), mx.array(list(ids))])  # (T,)
 
 
+def prefilled(model: nn.Module, ids: Sequence[int]) -> tuple[NexusCache, mx.array]:
+    """A fresh cache holding ``ids`` and the logits after them (1, V), both evaluated."""
+    cache = make_cache(model)
+    last = forward(model, list(ids), cache, logits="last")[0]  # (1, V)
+    mx.eval(last)
+    cache.evaluate()
+    return cache, last
+
+
 def tool_prose(tool: Tool) -> str:
     """What the query-likelihood reranker reads about a tool: ``"name words: description"``."""
     description = " ".join(tool.description.split())
@@ -126,11 +135,7 @@ class QueryLikelihoodReranker:
         if key in self._prompts:
             self._prompts.move_to_end(key)
             return self._prompts[key]
-        ids = chat_prompt(self.tokenizer, key, QL_ANSWER)
-        cache = make_cache(self.model)
-        last = forward(self.model, ids, cache, logits="last")[0]  # (1, V)
-        mx.eval(last)
-        cache.evaluate()
+        cache, last = prefilled(self.model, chat_prompt(self.tokenizer, key, QL_ANSWER))
         self._prompts[key] = (cache, last)
         if len(self._prompts) > self.max_prompts:
             self._prompts.popitem(last=False)
@@ -175,10 +180,7 @@ class LLMReranker:
         _check_retrieval(tools, retrieval_scores)
         if not tools:
             return []
-        cache = make_cache(self.model)
-        last = forward(self.model, self.prompt_tokens(query, tools), cache, logits="last")[0]
-        mx.eval(last)
-        cache.evaluate()
+        cache, last = prefilled(self.model, self.prompt_tokens(query, tools))
         scored = [
             (t.qualified_name, self._name_logprob(cache.copy(), last, t.qualified_name))
             for t in tools
@@ -222,10 +224,7 @@ class ToolChoiceReranker:
         prior = _check_retrieval(tools, retrieval_scores)
         if not tools:
             return []
-        cache = make_cache(self.model)
-        last = forward(self.model, self.prompt_tokens(query, tools), cache, logits="last")[0]
-        mx.eval(last)
-        cache.evaluate()
+        cache, last = prefilled(self.model, self.prompt_tokens(query, tools))
         scored = []
         for tool, p in zip(tools, prior, strict=True):
             ids = list(self.tokenizer.encode(tool.qualified_name + NAME_GLUE,
