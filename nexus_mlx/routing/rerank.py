@@ -58,8 +58,12 @@ DEFAULT_RETRIEVAL_WEIGHT = 0.5
 0.842 vs 0.810 for the likelihood alone and 0.614 for the SLB top-1; weights 0.5-1.5 tie), never
 on the routing test queries."""
 
-CHOICE_RETRIEVAL_WEIGHT = 0.0
-"""The tool-choice reranker's weight on the retrieval score (see bench/rerank_choice.py)."""
+CHOICE_RETRIEVAL_WEIGHT = 1.0
+"""The tool-choice reranker's weight on the retrieval score, chosen on 100 Seal-Tools dev
+single-call queries (rows 60-159, 4,076 tools) only (``bench/rerank_choice.py``,
+Qwen2.5-Coder-0.5B: 0.90 there, weights 1-20 tie); held out, routing goes 0.718 -> 0.808 on the
+78 GitHub MCP queries against query likelihood and 0.90 -> 0.90 on Seal-Tools rows 0-59
+(``results/rerank_choice.json``)."""
 
 
 class Reranker(Protocol):
