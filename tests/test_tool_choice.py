@@ -80,7 +80,8 @@ def test_choice_scores_are_the_call_logprob_of_a_fresh_forward(tools, default_mo
 
 def test_choice_fuses_the_retrieval_score_and_rejects_bad_input(tools, default_model):
     model, tokenizer = default_model
-    plain = dict(ToolChoiceReranker(model, tokenizer).rerank(QUERY, tools, [0.9, 0.1, 0.5]))
+    plain = dict(ToolChoiceReranker(model, tokenizer, retrieval_weight=0.0)
+                 .rerank(QUERY, tools, [0.9, 0.1, 0.5]))
     fused = dict(ToolChoiceReranker(model, tokenizer, retrieval_weight=3.0)
                  .rerank(QUERY, tools, [0.9, 0.1, 0.5]))
     for name, cosine in zip(NAMES, (0.9, 0.1, 0.5), strict=True):

@@ -70,8 +70,8 @@ from nexus_mlx.decode.call_format import (
     turn_constraint,
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
-from nexus_mlx.decode.json_constraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.name_fsm import mask_logits
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot

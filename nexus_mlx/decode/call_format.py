@@ -43,14 +43,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.decode.json_constraint import (
-    DEFAULT_OPTIONAL_MARGIN,
-    JsonConstraint,
-    compile_schema,
-    restrained,
-)
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, restrained
 from nexus_mlx.errors import ArgumentError, ToolError
 
 CALL_OPEN = "<tool_call>"

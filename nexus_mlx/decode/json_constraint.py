@@ -61,6 +61,7 @@ from nexus_mlx.decode.name_fsm import (
     vocab_of,
 )
 from nexus_mlx.decode.placeholders import PlaceholderPolicy
+from nexus_mlx.decode.restraint import member_ids
 from nexus_mlx.errors import ToolError
 
 Mode = Literal["strict", "lenient", "any_object"]
@@ -421,14 +422,14 @@ class JsonConstraint:
         another member: the allowed ids that end it (text ``}``, or ``"}`` closing its last
         string value) and those that go on (``,`` or a key's ``"``; ``",`` from inside the last
         value), each non-empty; else None. For restraint on optional arguments
-        (:func:`restrained`)."""
+        (:func:`~.restraint.restrained`)."""
         scanner = self._scanner
         if scanner.kinds != ["o"] * depth or scanner.escape:
             return None
         if scanner.in_string and scanner.is_key:
             return None
         mask = self.allowed_mask()
-        ends, goes_on = _member_ids(self.vocab, scanner.in_string)
+        ends, goes_on = member_ids(self.vocab, scanner.in_string)
         ends, goes_on = ends[mask[ends]], goes_on[mask[goes_on]]
         return (ends, goes_on) if ends.size and goes_on.size else None
 
@@ -460,53 +461,12 @@ class JsonConstraint:
         return process
 
 
-DEFAULT_OPTIONAL_MARGIN = 5.0
-"""Nats an argument past the required ones must win by (:func:`restrained`), chosen on GitHub MCP
-queries and held out on Seal-Tools (results/function_calling_*_margin5.json)."""
-
-
-def restrained(token: int, row: np.ndarray, choice: tuple[np.ndarray, np.ndarray] | None,
-               nats: float) -> int:
-    """``token``, unless at a member choice (:meth:`JsonConstraint.member_choice`) it goes on
-    to another member without beating the best way to end the object by ``nats`` in ``row``
-    (the step's logits, shape (V,)): then that best ending. Small models fill optional
-    arguments with invented values; this adds a member only where the model prefers it
-    clearly."""
-    if choice is None or nats <= 0:
-        return token
-    ends, goes_on = choice
-    if not np.any(goes_on == token):
-        return token
-    best_end = int(ends[np.argmax(row[ends])])
-    return token if row[token] - row[best_end] > nats else best_end
-
-
 CLOSE_IN_STRING = ('"}', '"]', '"', '",', "a", "0")
 """Texts :meth:`JsonConstraint.closing_token` prefers inside a string, in order. A letter comes
 before a digit: when the placeholder guard forbids closing an echo such as ``"owner"``, digits
 would keep it an echo (``"owner00"``) while a letter ends the echo and lets the string close."""
 CLOSE_OUTSIDE = ("}", "]", ",", '"', "0", "1", "true", "false", "null", ":")
 """Texts :meth:`JsonConstraint.closing_token` prefers outside strings, in order."""
-
-
-@lru_cache(maxsize=16)
-def _member_ids(vocab: TokenVocab, in_string: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Ids that end an object or go on to its next member, from outside a string (``}``;
-    ``,`` or ``"``, after any whitespace) or from inside a value string (``"}``; ``",``, the
-    quote first)."""
-    ends, goes_on = [], []
-    on: tuple[bytes, ...] = (b",",) if in_string else (b",", b'"')
-    for token, raw in enumerate(vocab.token_bytes):
-        if in_string:  # the quote must come first: a space before it would be string content
-            if not raw.startswith(b'"'):
-                continue
-            raw = raw[1:]
-        head = raw.lstrip()[:1]
-        if head == b"}":
-            ends.append(token)
-        elif head in on:
-            goes_on.append(token)
-    return np.array(ends, dtype=np.int64), np.array(goes_on, dtype=np.int64)
 
 
 @lru_cache(maxsize=8)

@@ -63,15 +63,10 @@ import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
 from nexus_mlx.decode.generate import Sampler, greedy
-from nexus_mlx.decode.json_constraint import (
-    DEFAULT_OPTIONAL_MARGIN,
-    JsonConstraint,
-    compile_schema,
-    ll_tokenizer,
-    restrained,
-)
+from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, restrained
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
