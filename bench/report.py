@@ -132,7 +132,7 @@ BENCHES: tuple[Bench, ...] = (
           session_section),
     Bench("server", "Server over HTTP vs mlx_lm.server", AGENTS, server_section),
     Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,
-          agent_run_section, command="python bench/agent_run.py --model qwen2.5-coder-0.5b"),
+          agent_run_section, variants=True),
     Bench("blas", "BLAS: MLX CPU matmul vs numpy", ENG, blas_section),
     Bench("engine", "Engine: prefill and decode vs mlx-lm", ENG, engine_section),
     Bench("slb_latency", "SLB scan latency and INT8 recall", ENG, slb_section),
