@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -178,20 +178,29 @@ def native_call_prompt(
 ) -> list[int]:
     """The prompt the model was trained to call tools from: its chat template with each tool's
     full definition (name, description, JSON schema with the arguments' descriptions), the
-    request, and the assistant turn opened as a call (``<tool_call>``, newline,
-    :data:`CALL_PREFIX`). A template that shows no tools gets them in the system message
-    (:func:`~.call_format.textual_messages`). Longer than the IR prompt; see
-    ``bench/function_calling.py --prompt``."""
+    request, and the assistant turn opened as a call (:func:`opened_call_prompt`). Longer than
+    the IR prompt; see ``bench/function_calling.py --prompt``."""
     functions = [{"type": "function", "function": {
         "name": t.qualified_name, "description": t.description,
         "parameters": dict(t.input_schema)}} for t in tools]
     messages = ([{"role": "user", "content": request}] if isinstance(request, str)
                 else [dict(m) for m in request])
-    if renders_tools(tokenizer):
-        text = tokenizer.apply_chat_template(messages, tools=functions,
+    return opened_call_prompt(tokenizer, messages, functions)
+
+
+def opened_call_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
+                       functions: Sequence[Mapping[str, Any]], *,
+                       native: bool | None = None) -> list[int]:
+    """Token ids of ``messages`` with ``functions`` (OpenAI-style tools) offered, the assistant
+    turn opened as a call up to the name (``<tool_call>``, newline, :data:`CALL_PREFIX`). The
+    chat template shows the tools where it can (``native``; probed when None), else they go in
+    the system message (:func:`~.call_format.textual_messages`)."""
+    msgs = [dict(m) for m in messages]
+    if renders_tools(tokenizer) if native is None else native:
+        text = tokenizer.apply_chat_template(msgs, tools=list(functions),
                                              add_generation_prompt=True, tokenize=False)
     else:
-        text = chat_text(tokenizer, textual_messages(messages, functions))
+        text = chat_text(tokenizer, textual_messages(msgs, functions))
     return list(tokenizer.encode(f"{text}{CALL_OPEN}\n{CALL_PREFIX}", add_special_tokens=False))
 
 

@@ -20,7 +20,7 @@ them). No cross-encoder ships offline, so both implementations here read with th
   text that ends it (``", "arguments":``), the probability of that call among all the model
   could write, plus ``retrieval_weight`` times its retrieval score. One prefill per request, one
   short forward per candidate. A template that shows no tools gets them in the system message
-  (``decode.call_format.textual_messages``, the format the session asks such models for).
+  (``decode.tool_call.opened_call_prompt``, the format the session asks such models for).
 
 It evaluates arrays; it does not route or call tools.
 """
@@ -35,12 +35,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
-from nexus_mlx.decode.tool_call import CALL_PREFIX, NAME_GLUE
+from nexus_mlx.decode.call_format import renders_tools
+from nexus_mlx.decode.tool_call import NAME_GLUE, opened_call_prompt
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
-from nexus_mlx.models.tokenizer import chat_ids, chat_text
+from nexus_mlx.models.tokenizer import chat_ids
 from nexus_mlx.tools.ir import tool_signature
 from nexus_mlx.tools.registry import split_identifier
 from nexus_mlx.tools.tool import Tool
@@ -213,14 +213,8 @@ class ToolChoiceReranker:
         functions = [{"type": "function", "function": {
             "name": t.qualified_name, "description": " ".join(t.description.split()),
             "parameters": {}}} for t in tools]
-        messages = [{"role": "user", "content": query}]
-        if self.native:
-            text = self.tokenizer.apply_chat_template(messages, tools=functions,
-                                                      add_generation_prompt=True, tokenize=False)
-        else:
-            text = chat_text(self.tokenizer, textual_messages(messages, functions))
-        opened = f"{text}{CALL_OPEN}\n{CALL_PREFIX}"
-        return list(self.tokenizer.encode(opened, add_special_tokens=False))
+        return opened_call_prompt(self.tokenizer, [{"role": "user", "content": query}],
+                                  functions, native=self.native)
 
     def rerank(
         self, query: str, tools: Sequence[Tool], retrieval_scores: Sequence[float] | None = None
