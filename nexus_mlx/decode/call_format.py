@@ -46,7 +46,7 @@ import numpy as np
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
-from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, restrained
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError, ToolError
 
 CALL_OPEN = "<tool_call>"
@@ -220,10 +220,8 @@ class TurnConstraint:
         eos_ids: Sequence[int] = (),
         optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     ) -> None:
-        if not optional_margin >= 0:
-            raise ArgumentError(f"optional_margin must be >= 0 nats, got {optional_margin!r}")
+        self.optional_margin = checked_margin(optional_margin)
         self.vocab = vocab_of(tokenizer)
-        self.optional_margin = float(optional_margin)
         names = [function_of(t)["name"] for t in tools]
         choice = _choice_name(tool_choice)
         if choice not in ("none", "auto", "required") and choice not in names:

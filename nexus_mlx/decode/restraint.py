@@ -16,10 +16,18 @@ from functools import lru_cache
 import numpy as np
 
 from nexus_mlx.decode.name_fsm import TokenVocab
+from nexus_mlx.errors import ArgumentError
 
 DEFAULT_OPTIONAL_MARGIN = 5.0
 """Nats an argument past the required ones must win by (:func:`restrained`), chosen on GitHub MCP
 queries and held out on Seal-Tools (results/function_calling_*_margin5.json)."""
+
+
+def checked_margin(nats: float) -> float:
+    """``nats`` as a float; :class:`ArgumentError` unless it is >= 0 (0: restraint off)."""
+    if not nats >= 0:
+        raise ArgumentError(f"optional_margin must be >= 0 nats, got {nats!r}")
+    return float(nats)
 
 
 def restrained(token: int, row: np.ndarray, choice: tuple[np.ndarray, np.ndarray] | None,

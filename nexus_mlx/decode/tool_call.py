@@ -66,7 +66,7 @@ from nexus_mlx.decode.generate import Sampler, greedy
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
-from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, restrained
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward, make_cache
@@ -263,8 +263,7 @@ def generate_tool_call(
     by_name = {t.qualified_name: t for t in tools}
     if len(by_name) != len(tools):
         raise ArgumentError(f"duplicate tool names among {[t.qualified_name for t in tools]}")
-    if not optional_margin >= 0:
-        raise ArgumentError(f"optional_margin must be >= 0 nats, got {optional_margin!r}")
+    optional_margin = checked_margin(optional_margin)
     if max_argument_tokens < 0 or closing_budget < 0:
         raise ArgumentError(f"token budgets must be >= 0, got {max_argument_tokens}, "
                             f"{closing_budget}")
