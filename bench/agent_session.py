@@ -68,22 +68,30 @@ DEEP = 1024
 
 # ---------------------------------------------------------------------------- tools and results
 
+COMMIT_DATES = ("2025-03-14T01:12:00+00:00", "2025-03-14T04:37:00+00:00",
+                "2025-03-14T06:48:00+00:00")  # fixed, far from any run's "now"
+
+
 def _git_repository(root: Path) -> Path:
+    """Three commits at :data:`COMMIT_DATES` and one modified file, so a run's git facts (and
+    the time of the last commit) are the same on every machine and never equal "now"."""
     repo = root / "repo"
     repo.mkdir()
 
-    def git(*args: str) -> None:
+    def git(*args: str, date: str = "") -> None:
+        dates = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date} if date else {}
         subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
                        env={"GIT_AUTHOR_NAME": "Ada", "GIT_AUTHOR_EMAIL": "ada@example.com",
                             "GIT_COMMITTER_NAME": "Ada", "GIT_COMMITTER_EMAIL": "ada@example.com",
-                            "PATH": "/usr/bin:/bin"})
+                            "PATH": "/usr/bin:/bin", **dates})
 
     git("init", "-q", "-b", "main")
     for i, (name, text) in enumerate([("README.md", "# demo\n"), ("parser.py", "def parse():\n"),
                                       ("login.py", "def login(user):\n    return True\n")]):
         (repo / name).write_text(text * (i + 1))
         git("add", name)
-        git("commit", "-q", "-m", f"Add {name}: the {['docs', 'parser', 'login flow'][i]}")
+        git("commit", "-q", "-m", f"Add {name}: the {['docs', 'parser', 'login flow'][i]}",
+            date=COMMIT_DATES[i])
     (repo / "parser.py").write_text("def parse(text):\n    return text.split()\n")
     return repo
 

@@ -3,7 +3,8 @@
 import datetime
 from zoneinfo import ZoneInfo
 
-from agent_run import check
+from agent_run import check, requests_and_checks
+from agent_session import _git_repository
 
 TOKYO = ZoneInfo("Asia/Tokyo")
 MOMENT = datetime.datetime(2026, 12, 2, 5, 0, 32, tzinfo=TOKYO)
@@ -37,3 +38,15 @@ def test_now_is_any_minute_between_the_request_and_its_answer():
     assert check("It is 05:06 in Tokyo", expect, asked, answered)["Tokyo time now"]
     assert not check("It is 05:06 in Tokyo", expect, asked)["Tokyo time now"]
     assert not check("It is 05:12 in Tokyo", expect, asked, answered)["Tokyo time now"]
+
+
+def test_the_last_commit_is_dated_far_from_now(tmp_path):
+    """"Tokyo time at the commit" must not pass by reading the current time."""
+    repo = _git_repository(tmp_path)
+    expect = requests_and_checks(repo)[0][1]
+    committed = expect["tokyo_time_at"]
+    assert committed == datetime.datetime(2025, 3, 14, 15, 48, tzinfo=TOKYO)
+    assert expect["contains"] == ["login.py"]
+    assert datetime.datetime.now(TOKYO) - committed > datetime.timedelta(days=1)
+    assert check("It was 15:48 in Tokyo.", expect, MOMENT)["Tokyo time at the commit"]
+    assert not check("It was 15:52 in Tokyo.", expect, MOMENT)["Tokyo time at the commit"]
