@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 from agent_session import _git_repository
 
 from nexus_mlx import load
-from nexus_mlx.agent.loop import run_agent
+from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, run_agent
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
@@ -109,8 +109,12 @@ def main() -> None:
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--no-answer-prompt", action="store_true",
+                        help="show no answer prompt after tool results (the loop's default "
+                             "asks for the answer in words)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
+    answer_prompt = None if args.no_answer_prompt else DEFAULT_ANSWER_PROMPT
     model, tokenizer = load(args.model)
     with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
         repo = _git_repository(Path(tmp))
@@ -130,7 +134,8 @@ def main() -> None:
                 asked_at = datetime.datetime.now(datetime.timezone.utc)
                 start = time.perf_counter()
                 run = run_agent(session, history, request, registry, servers,
-                                max_steps=args.max_steps, max_tokens=args.max_tokens)
+                                max_steps=args.max_steps, max_tokens=args.max_tokens,
+                                answer_prompt=answer_prompt)
                 seconds = time.perf_counter() - start
                 history = run.messages
                 checks = check(run.answer, expect, asked_at,
@@ -153,7 +158,8 @@ def main() -> None:
             for server in servers.values():
                 server.close()
     name = "agent_run" + (f"_{args.tag}" if args.tag else "")
-    emit(name, {**model_record(args.model, model), "records": records,
+    emit(name, {**model_record(args.model, model), "answer_prompt": answer_prompt,
+                "records": records,
                 "correct": sum(r["correct"] for r in records), "n": len(records)}, args.quick)
 
 

@@ -9,7 +9,13 @@ import json
 
 import pytest
 
-from nexus_mlx.agent.loop import execute_call, openai_tool, pruned, run_agent
+from nexus_mlx.agent.loop import (
+    DEFAULT_ANSWER_PROMPT,
+    execute_call,
+    openai_tool,
+    pruned,
+    run_agent,
+)
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.decode.call_format import ParsedCall
@@ -43,6 +49,9 @@ def test_empty_requests_are_refused(default_model):
     model, tokenizer = default_model
     with pytest.raises(ArgumentError, match="empty"):
         run_agent(Session(model, tokenizer), [], "  ", ToolRegistry(), {})
+    for bad in ("", "   ", 3):
+        with pytest.raises(ArgumentError, match="answer_prompt"):
+            run_agent(Session(model, tokenizer), [], "q", ToolRegistry(), {}, answer_prompt=bad)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +110,31 @@ def test_a_call_written_as_prose_is_made_in_the_format(default_model, time_serve
     assert first.name == "time.get_current_time" and first.ok, first.output
     assert "datetime" in json.loads(first.output)
     assert run.messages[1]["tool_calls"][0]["function"]["name"] == "time.get_current_time"
+
+
+class _Records(Session):
+    """A session that keeps the messages each step was shown."""
+
+    def generate(self, messages, tools=None, **kwargs):
+        self.shown = [*getattr(self, "shown", []), [dict(m) for m in messages]]
+        return super().generate(messages, tools, **kwargs)
+
+
+@pytest.mark.parametrize("answer_prompt", [DEFAULT_ANSWER_PROMPT, "Answer briefly.", None])
+def test_the_answer_prompt_follows_tool_results_only_and_is_never_kept(
+        default_model, time_server, answer_prompt):
+    model, tokenizer = default_model
+    registry, servers = time_server
+    session = _Records(model, tokenizer)
+    run = run_agent(session, [], "What is the current time in UTC?", registry, servers,
+                    tool_choice="required", max_steps=2, max_tokens=48,
+                    answer_prompt=answer_prompt)
+    assert run.executions and session.shown[0][-1]["content"] == "What is the current time in UTC?"
+    after_results = session.shown[1]
+    if answer_prompt is None:
+        assert after_results[-1]["role"] == "tool"
+    else:
+        assert after_results[-1] == {"role": "user", "content": answer_prompt}
+        assert after_results[-2]["role"] == "tool"
+    assert all(m.get("content") != answer_prompt for m in run.messages if answer_prompt)
+    assert [m["role"] for m in run.messages[:3]] == ["user", "assistant", "tool"]

@@ -12,7 +12,12 @@ a new call to an offered tool as JSON in its prose instead of in the call format
 do) is regenerated with that tool forced (``tool_choice`` naming it, or ``"required"`` for
 several), so the call is made and schema-valid; one that only repeats calls already executed, in
 the format or as text, is asked again for the answer, with ``tool_choice "none"`` and a first
-token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). Tool results
+token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). A step that
+follows tool results sees one more user message at the end, ``answer_prompt`` (default
+:data:`DEFAULT_ANSWER_PROMPT`; None for none): small models that recite the call and its result
+as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to that step,
+never kept in ``messages``, so the next step or request removes it from the live cache (an edit
+the session repairs). Tool results
 older than the latest step and longer than ``payload_chars`` are replaced by a short surrogate
 in the messages the session sees, an edit in the middle of the conversation that the session
 repairs instead of re-encoding; while the calls run on their servers the session heals the rows
@@ -43,6 +48,8 @@ from nexus_mlx.tools.registry import ToolRegistry
 from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
+DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
+                         "call another tool if you still need one.")
 
 
 @dataclass(frozen=True)
@@ -124,10 +131,15 @@ def run_agent(
     max_tokens: int = 256,
     payload_chars: int = 400,
     call_timeout: float | None = None,
+    answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
 ) -> AgentRun:
     """Answer ``request`` (see the module docstring)."""
     if not isinstance(request, str) or not request.strip():
         raise ArgumentError("the request is empty")
+    if answer_prompt is not None and (not isinstance(answer_prompt, str)
+                                      or not answer_prompt.strip()):
+        raise ArgumentError(f"answer_prompt must be a non-empty string or None, got "
+                            f"{answer_prompt!r}")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ArgumentError(f"max_steps must be a positive integer, got {max_steps!r}")
     names = list(select_tools(request)) if select_tools is not None else registry.names()
@@ -139,6 +151,8 @@ def run_agent(
     answer_in_words = prose_answer(session.tokenizer)
     for step in range(max_steps):
         visible = pruned(messages, _last_step_start(messages), payload_chars)
+        if answer_prompt is not None and messages[-1].get("role") == "tool":
+            visible.append({"role": "user", "content": answer_prompt})
         choice = tool_choice if step == 0 else "auto"
         reply = session.generate(visible, tools, tool_choice=choice, max_tokens=max_tokens)
         described = intended_calls(reply.content, names) if choice != "none" else []

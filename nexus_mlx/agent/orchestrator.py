@@ -28,7 +28,7 @@ from typing import Any
 import mlx.nn as nn
 
 from nexus_mlx._platform.mlx_thread import on_mlx_thread
-from nexus_mlx.agent.loop import AgentRun, run_agent, server_for
+from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, AgentRun, run_agent, server_for
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
@@ -91,15 +91,17 @@ class Agent:
         tool_choice: str | Mapping[str, Any] = "auto",
         max_steps: int = 6,
         max_tokens: int = 256,
+        answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
     ) -> AgentRun:
-        """Answer ``request`` in the running conversation, calling tools as the model asks."""
+        """Answer ``request`` in the running conversation, calling tools as the model asks
+        (``answer_prompt``: see :func:`~nexus_mlx.agent.loop.run_agent`)."""
         with self.lock:
             if self.session is None:
                 self.session = Session(self.model, self.tokenizer)
             select = (lambda q: self.routed_tools(q, top_k)) if len(self.registry) > top_k else None
             result = run_agent(self.session, self.history, request, self.registry, self.servers,
                                select_tools=select, tool_choice=tool_choice, max_steps=max_steps,
-                               max_tokens=max_tokens)
+                               max_tokens=max_tokens, answer_prompt=answer_prompt)
             self.history = result.messages
             return result
 
