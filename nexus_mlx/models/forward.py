@@ -21,8 +21,10 @@ native position softmax evaluates each layer's scores, elsewhere the call stays 
 ``forward_hidden`` stops after any number of layers (shallow passes for repair allocators)
 and an optional ``probe(layer, probs)`` observes every layer's attention probabilities (which
 forces the explicit attention path and one run). ``profile=StageProfile()`` times every stage
-of every layer (:mod:`~nexus_mlx.models.stages`). The module's projections, norms and MLPs are
-called as they are (quantized or not); only positions, masking and the cache are ours. Arguments
+of every layer (:mod:`~nexus_mlx.models.stages`). The module's norms and projections are
+called as they are (quantized or not), except that float q/k/v and SwiGLU gate/up projections
+run as one matmul each over their own weights, rebound as views of one array
+(:mod:`~nexus_mlx.models.fused`); only positions, masking and the cache are ours. Arguments
 are validated before the cache is touched. It does not sample, tokenize or know about splicing
 or repair.
 """
@@ -44,6 +46,7 @@ from nexus_mlx.kv.cache import NexusCache, WritePlan
 from nexus_mlx.kv.rope import RopeSpec, rope_tables, rotate
 from nexus_mlx.models.arch import ModelPlan, model_plan
 from nexus_mlx.models.attention import KeyView, attend
+from nexus_mlx.models.fused import FusedLayer, fused_layer
 from nexus_mlx.models.stages import StageProfile
 
 SWIGLU_ARCHITECTURES = ("llama", "qwen2", "qwen3")  # down(silu(gate(x)) * up(x))
@@ -157,9 +160,12 @@ def attention_block(model: nn.Module, layer_index: int, x: mx.array, step: StepC
     layer = plan.layers[layer_index]
     attn = model.layers[layer_index].self_attn
     _, t, _ = x.shape
-    q = attn.q_proj(x).reshape(1, t, plan.n_heads, -1)
-    k = attn.k_proj(x).reshape(1, t, plan.n_kv_heads, -1)
-    v = attn.v_proj(x).reshape(1, t, plan.n_kv_heads, -1)
+    fused = fused_layer(model, layer_index)
+    qkv = fused.qkv() if fused is not None else None
+    q, k, v = qkv(x) if qkv is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+    q = q.reshape(1, t, plan.n_heads, -1)
+    k = k.reshape(1, t, plan.n_kv_heads, -1)
+    v = v.reshape(1, t, plan.n_kv_heads, -1)
     if layer.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     step.mark("qkv", layer_index, q, k, v)
@@ -206,16 +212,24 @@ def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepCon
         step.mark("mlp", layer_index, h)
         return h
     h = h + r
-    h = h + mlp(block.mlp, block.post_attention_layernorm(h), plan)
+    h = h + mlp(block.mlp, block.post_attention_layernorm(h), plan,
+                fused_layer(model, layer_index))
     step.mark("mlp", layer_index, h)
     return h
 
 
-def mlp(module: nn.Module, x: mx.array, plan: ModelPlan) -> mx.array:
-    """The block's MLP on ``x (1, T, hidden)``: llama/qwen SwiGLU with the vectorized SiLU of
-    :mod:`~nexus_mlx.kernels.cpu_exp` where it applies (float32 on the CPU), else the module."""
-    if plan.architecture in SWIGLU_ARCHITECTURES and kernel_applies(x.dtype):
-        return module.down_proj(silu(module.gate_proj(x)) * module.up_proj(x))
+def mlp(module: nn.Module, x: mx.array, plan: ModelPlan, fused: FusedLayer | None = None
+        ) -> mx.array:
+    """The block's MLP on ``x (1, T, hidden)``: llama/qwen SwiGLU with gate and up from one
+    matmul where ``fused`` has them, and the vectorized SiLU of
+    :mod:`~nexus_mlx.kernels.cpu_exp` where it applies (float32 on the CPU); else the module."""
+    if plan.architecture in SWIGLU_ARCHITECTURES:
+        gate_up = fused.gate_up() if fused is not None else None
+        if gate_up is not None:
+            gate, up = gate_up(x)
+            return module.down_proj(silu(gate) * up)
+        if kernel_applies(x.dtype):
+            return module.down_proj(silu(module.gate_proj(x)) * module.up_proj(x))
     return module(x)
 
 
