@@ -11,6 +11,9 @@ Both arms run the same weights (float32 on CPU) on the same tokens, interleaved 
   from the first token to the last (the decode steps only), tokens/s = (n_decode - 1) / time.
 Correctness first: last-token logits agree (max |diff| recorded) and the greedy tokens of both
 decoders are identical before any timing. Memory: K/V bytes of each prefill and the peak RSS.
+Both arms share the model after the engine's first forward has fused its projections
+(:mod:`~nexus_mlx.models.fused`: the module weights become views, mlx-lm's forward is unchanged);
+``fused_projections`` records whether it did (``NEXUS_MLX_FUSE=0`` runs the engine unfused).
 JSON: {"prefill": [{"tokens", "nexus_ms", "mlx_lm_ms", "ratio", "ratio_ci", "kv_bytes"}],
        "decode": [{"context", "tokens", "nexus_tok_s", "mlx_lm_tok_s", "ratio", "ratio_ci"}],
        "max_logit_diff", "peak_rss_mib", "loadavg"}; ratio > 1: nexus faster.
@@ -42,6 +45,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from nexus_mlx import load, make_cache
 from nexus_mlx.decode.generate import generate_tokens
 from nexus_mlx.models.forward import PREFILL_CHUNK, forward
+from nexus_mlx.models.fused import ENV_VAR as FUSE_ENV
 
 MLX_LM_STEP = 2048  # mlx_lm.generate_step's default prefill_step_size
 
@@ -175,7 +179,9 @@ def main() -> None:
     emit("engine" + (f"_{args.tag}" if args.tag else ""), {
                     **model_record(args.model, model), "trials": trials,
                     "long_trials": long_trials, "nexus_chunk": PREFILL_CHUNK,
-                    "mlx_lm_prefill_step": MLX_LM_STEP, "prefill": prefill_rows,
+                    "mlx_lm_prefill_step": MLX_LM_STEP,
+                    "fused_projections": os.environ.get(FUSE_ENV, "1") != "0",
+                    "prefill": prefill_rows,
                     "decode": decode_rows, "max_logit_diff": max_diff,
                     "greedy_identical": True, "peak_rss_mib": peak_rss_mib(),
                     "loadavg": {"start": list(load_start), "end": list(os.getloadavg())}},
