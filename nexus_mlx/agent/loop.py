@@ -17,11 +17,10 @@ follows tool results sees one more user message at the end, ``answer_prompt`` (d
 :data:`DEFAULT_ANSWER_PROMPT`; None for none): small models that recite the call and its result
 as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to that step,
 never kept in ``messages``, so the next step or request removes it from the live cache (an edit
-the session repairs). Tool results
-older than the latest step and longer than ``payload_chars`` are replaced by a short surrogate
-in the messages the session sees, an edit in the middle of the conversation that the session
-repairs instead of re-encoding; while the calls run on their servers the session heals the rows
-its repairs left stale
+the session repairs). Tool results older than the latest step and longer than ``payload_chars``
+are replaced by a short surrogate in the messages the session sees, an edit in the middle of the
+conversation that the session repairs instead of re-encoding; while the calls run on their
+servers the session heals the rows its repairs left stale
 (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
 that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
 can recover; the :class:`Execution` records say which calls succeeded.

@@ -183,8 +183,7 @@ def native_call_prompt(
     functions = [{"type": "function", "function": {
         "name": t.qualified_name, "description": t.description,
         "parameters": dict(t.input_schema)}} for t in tools]
-    messages = ([{"role": "user", "content": request}] if isinstance(request, str)
-                else [dict(m) for m in request])
+    messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
     return opened_call_prompt(tokenizer, messages, functions)
 
 

@@ -154,13 +154,14 @@ def _rotate(q: mx.array, k: mx.array, spec: RopeSpec, step: StepContext) -> tupl
     return x[:, :heads], x[:, heads:]
 
 
-def attention_block(model: nn.Module, layer_index: int, x: mx.array, step: StepContext) -> mx.array:
-    """Self-attention of one layer on normed input ``x (1, T, hidden)``; writes K/V first."""
+def attention_block(model: nn.Module, layer_index: int, x: mx.array, step: StepContext,
+                    fused: FusedLayer | None = None) -> mx.array:
+    """Self-attention of one layer on normed input ``x (1, T, hidden)``; writes K/V first
+    (q/k/v from one matmul where ``fused`` has them)."""
     plan = model_plan(model)
     layer = plan.layers[layer_index]
     attn = model.layers[layer_index].self_attn
     _, t, _ = x.shape
-    fused = fused_layer(model, layer_index)
     qkv = fused.qkv() if fused is not None else None
     q, k, v = qkv(x) if qkv is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
     q = q.reshape(1, t, plan.n_heads, -1)
@@ -204,7 +205,8 @@ def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepCon
     """One transformer block on hidden states ``h (1, T, hidden)``."""
     plan = model_plan(model)
     block = model.layers[layer_index]
-    r = attention_block(model, layer_index, block.input_layernorm(h), step)
+    fused = fused_layer(model, layer_index)
+    r = attention_block(model, layer_index, block.input_layernorm(h), step, fused)
     if plan.sandwich_norms:
         h = _residual(h, block.post_attention_layernorm(r))
         r = block.mlp(block.pre_feedforward_layernorm(h))
@@ -212,8 +214,7 @@ def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepCon
         step.mark("mlp", layer_index, h)
         return h
     h = h + r
-    h = h + mlp(block.mlp, block.post_attention_layernorm(h), plan,
-                fused_layer(model, layer_index))
+    h = h + mlp(block.mlp, block.post_attention_layernorm(h), plan, fused)
     step.mark("mlp", layer_index, h)
     return h
 

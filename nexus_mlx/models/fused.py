@@ -9,8 +9,8 @@ model still holds every value once, and anything that calls the modules (mlx-lm'
 included) computes exactly what it did. :meth:`FusedLayer.qkv` and :meth:`FusedLayer.gate_up`
 then give the projections from one matmul. Why: in a decode step every projection is a
 matrix-vector product, and on the 2-core CPU three small products (SmolLM2's k and v are
-192 x 576) cost clearly more than one over the same rows (measured: the 30 layers' products
-of one token take ~30 ms fused against ~40 ms apart).
+192 x 576) cost clearly more than one over the same rows (the decode rows of
+``results/engine.json``).
 
 Only plain float ``nn.Linear`` projections of one dtype are fused; a quantized or wrapped
 (LoRA) projection leaves that part of its layer unfused. A fused part is used only while the
