@@ -185,8 +185,20 @@ def test_find_placeholders_paths_and_exemptions():
     assert find_placeholders(value, schema) == ["/owner", "/tags/1"]
 
 
-def _after(default_tokenizer, schema, text, names=()):
-    constraint = JsonConstraint(compile_schema(schema), default_tokenizer, names=names)
+def test_quoted_text_is_never_a_placeholder():
+    """The user's own words pass whatever they look like; the rest is judged as before."""
+    request = 'Comment "Your fix works" on issue 4 and set its title to TODO'
+    for value in ("Your fix works", "your fix works ", "TODO"):
+        assert PlaceholderPolicy(None).is_placeholder(value, "body")
+        assert not PlaceholderPolicy(None, quoted=request).is_placeholder(value, "body")
+    assert PlaceholderPolicy(None, quoted=request).is_placeholder("your_username", "owner")
+    assert find_placeholders({"body": "Your fix works"}, quoted=request) == []
+    assert check_arguments({"body": "Your fix works"}, {"type": "object"}) != []
+
+
+def _after(default_tokenizer, schema, text, names=(), quoted=None):
+    constraint = JsonConstraint(compile_schema(schema), default_tokenizer, names=names,
+                                quoted=quoted)
     ids = encode(default_tokenizer, text)
     assert constraint.accept_tokens(ids) == len(ids), text
     return constraint
@@ -205,6 +217,8 @@ def test_guard_bans_closing_a_placeholder(default_tokenizer):
     assert not empty.allowed_mask()[vocab.by_bytes[b' ""'][0]]  # opens and closes at once
     enum = {"type": "object", "properties": {"t": {"enum": ["string", "strong"]}}}
     assert _after(default_tokenizer, enum, '{"t": "string').accept_token(quote_close)
+    quoted = _after(default_tokenizer, schema, '{"owner": "TODO', quoted="owner TODO please")
+    assert quoted.accept_token(quote_close)  # the request says it
     unguarded = JsonConstraint(compile_schema(schema), default_tokenizer, guard_placeholders=False)
     unguarded.accept_tokens(encode(default_tokenizer, '{"owner": "string'))
     assert unguarded.accept_token(quote_close)

@@ -17,6 +17,7 @@ from nexus_mlx.decode.tool_call import (
     call_tool,
     describe,
     generate_tool_call,
+    quoted_text,
     tool_call_prompt,
 )
 from nexus_mlx.errors import ArgumentError
@@ -100,6 +101,27 @@ def test_single_candidate_forces_the_name(tiny, default_tokenizer):
                                 max_argument_tokens=8)
     _check(result, [TIME_TOOL], default_tokenizer, prompt, cache)
     assert result.name == "get_current_time" and result.mask_overhead.name_us == ()
+
+
+def test_quoted_text_is_the_request_or_every_non_system_message():
+    assert quoted_text("star pallets/flask") == "star pallets/flask"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None}, {"role": "tool", "content": "12:00"}]
+    assert quoted_text(messages) == "hi\n12:00"
+
+
+def test_a_quoted_placeholder_like_value_is_not_an_error(tiny, default_tokenizer):
+    """The schema forces the title "TODO": an error unless the request says it."""
+    tool = Tool("set_title", "Set a title", {"type": "object", "properties": {
+        "title": {"type": "string", "pattern": "^TODO$"}}, "required": ["title"]})
+    prompt = tool_call_prompt(default_tokenizer, "title it TODO", [tool])
+    plain = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool], max_argument_tokens=8)
+    quoted = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool], max_argument_tokens=8,
+                                quoted="title it TODO")
+    assert plain.arguments == quoted.arguments == {"title": "TODO"}
+    assert plain.errors == ("/title: placeholder text",) and quoted.errors == ()
+    assert call_tool(tiny, default_tokenizer, "title it TODO", [tool],
+                     max_argument_tokens=8).errors == ()  # call_tool quotes the request
 
 
 def test_zero_budget_closes_without_the_model(tiny, default_tokenizer, github):

@@ -37,6 +37,7 @@ from nexus_mlx.decode.tool_call import (
     PROMPT_STYLES,
     ToolCallResult,
     generate_tool_call,
+    quoted_text,
     tool_call_prompt,
 )
 from nexus_mlx.errors import ArgumentError, ToolError
@@ -125,7 +126,8 @@ class Agent:
             prompt = tool_call_prompt(self.tokenizer, window, [tool], style=self.prompt_style)
             call = generate_tool_call(self.model, self.tokenizer, None, prompt, [tool],
                                       max_argument_tokens=self.max_argument_tokens,
-                                      optional_margin=self.optional_margin)
+                                      optional_margin=self.optional_margin,
+                                      quoted=quoted_text(window))
             timings["arguments"] = time.perf_counter() - start
             return AgentTurn(decision, call, window, len(prompt), timings)
 

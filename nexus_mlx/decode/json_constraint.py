@@ -32,6 +32,8 @@ spaces, ``_``, ``-`` and ``.``; a value starting with a caller-given name, e.g. 
 matcher bans any token that would *close* a string value as a placeholder or complete such a name
 prefix, unless the schema names that string (``enum``/``const``/``default``/``examples``) or
 the grammar leaves no other choice, and :func:`find_placeholders` re-checks a finished value.
+Given ``quoted`` (the text the call answers), a value found in it is never a placeholder: the
+user's own words (a comment ``"Your fix works"``) are not refused.
 Keys are never judged (closed objects only allow declared ones).
 
 It does not sample, run models or know about prompts (:mod:`.tool_call`).
@@ -252,6 +254,7 @@ class JsonConstraint:
         guard_placeholders: bool = True,
         names: Iterable[str] = (),
         ll_tok: llguidance.LLTokenizer | None = None,
+        quoted: str | None = None,
     ) -> None:
         self.compiled = compiled
         self.vocab = vocab_of(tokenizer)
@@ -261,7 +264,7 @@ class JsonConstraint:
                 f"llguidance sees {self.ll_tokenizer.vocab_size} tokens, the tokenizer "
                 f"{self.vocab.size}: they must be built from the same vocabulary")
         self.guard = guard_placeholders
-        self.policy = PlaceholderPolicy(compiled.schema, names)
+        self.policy = PlaceholderPolicy(compiled.schema, names, quoted)
         self._matcher = llguidance.LLMatcher(self.ll_tokenizer, compiled.grammar, log_level=0)
         if self._matcher.is_error():
             raise ToolError(f"llguidance: {self._matcher.get_error()}")

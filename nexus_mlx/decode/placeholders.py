@@ -6,6 +6,10 @@ placeholder (see ``json_constraint``'s docstring for the full list); ``is_placeh
 string, ``find_placeholders`` returns the JSON-pointer paths of placeholder strings in a finished
 value, and ``check_arguments`` adds ``jsonschema`` validation errors. Keys are never judged.
 
+``quoted`` is text the values may quote (the conversation the call answers): a value that occurs
+in it (case-insensitively) is never a placeholder, whatever it looks like (a comment body
+``"Your fix works"``, a title ``"TODO"`` the user asked for).
+
 It does not compile grammars or drive matchers (:mod:`.json_constraint`).
 """
 
@@ -61,15 +65,17 @@ class PlaceholderPolicy:
     ``names`` are further prompt names (the candidate tools'): a value may neither echo one nor
     start with one (``"create_repository_private"``)."""
 
-    def __init__(self, schema: Any = None, names: Iterable[str] = ()) -> None:
+    def __init__(self, schema: Any = None, names: Iterable[str] = (),
+                 quoted: str | None = None) -> None:
         self.names = tuple(n for n in names if len(n) >= MIN_NAME_PREFIX)
         self.exempt = schema_strings(schema)
         words = [*schema_property_names(schema), *names]
         self.words = frozenset(n for n in (_norm(w) for w in words) if n)
+        self.quoted = quoted.lower() if quoted is not None else None
 
     def is_placeholder(self, value: str, key: str | None = None) -> bool:
         """Whether ``value`` (a string value of property ``key``) is placeholder text."""
-        if value in self.exempt:
+        if value in self.exempt or self.is_quoted(value):
             return False
         text = value.strip()
         low = text.lower()
@@ -80,6 +86,11 @@ class PlaceholderPolicy:
         norm = _norm(text)
         words = self.words | {_norm(key)} if key else self.words
         return bool(norm) and _echoes(norm, words)
+
+    def is_quoted(self, value: str) -> bool:
+        """Whether ``value`` (stripped, non-empty) occurs in the quoted text, ignoring case."""
+        text = value.strip().lower()
+        return bool(text) and self.quoted is not None and text in self.quoted
 
     def may_become(self, value: str, key: str | None) -> bool:
         """Conservative filter: ``False`` only if no continuation of ``value`` is a placeholder."""
@@ -100,9 +111,10 @@ class PlaceholderPolicy:
                 if len(n) > len(value) and n.startswith(value)]
 
 
-def is_placeholder(value: str, key: str | None = None, names: Iterable[str] = ()) -> bool:
+def is_placeholder(value: str, key: str | None = None, names: Iterable[str] = (),
+                   quoted: str | None = None) -> bool:
     """:meth:`PlaceholderPolicy.is_placeholder` without a schema."""
-    return PlaceholderPolicy(None, names).is_placeholder(value, key)
+    return PlaceholderPolicy(None, names, quoted).is_placeholder(value, key)
 
 
 def schema_property_names(schema: Any) -> frozenset[str]:
@@ -160,11 +172,12 @@ def _string_values(value: Any, path: str = "", key: str | None = None) -> Iterat
             yield from _string_values(v, f"{path}/{i}", key)
 
 
-def find_placeholders(value: Any, schema: Any = None, names: Iterable[str] = ()) -> list[str]:
+def find_placeholders(value: Any, schema: Any = None, names: Iterable[str] = (),
+                      quoted: str | None = None) -> list[str]:
     """JSON-pointer paths of the placeholder strings in ``value`` (:class:`PlaceholderPolicy`).
 
     A string inside an array is judged against the property holding the array."""
-    policy = PlaceholderPolicy(schema, names)
+    policy = PlaceholderPolicy(schema, names, quoted)
     return [p for p, s, k in _string_values(value) if policy.is_placeholder(s, k)]
 
 
@@ -179,12 +192,14 @@ def schema_errors(value: Any, schema: Any) -> list[str]:
     return [f"/{'/'.join(str(p) for p in error.path)}: {error.message}" for error in errors]
 
 
-def check_arguments(value: Any, schema: Any, names: Iterable[str] = ()) -> list[str]:
+def check_arguments(value: Any, schema: Any, names: Iterable[str] = (),
+                    quoted: str | None = None) -> list[str]:
     """Problems with a finished value: ``jsonschema`` errors and placeholder paths (empty: fine)."""
     problems = schema_errors(value, schema)
     if problems and problems[0].startswith("/: schema cannot be evaluated"):
         return problems
-    problems.extend(f"{p}: placeholder text" for p in find_placeholders(value, schema, names))
+    problems.extend(f"{p}: placeholder text"
+                    for p in find_placeholders(value, schema, names, quoted))
     return problems
 
 

@@ -255,8 +255,11 @@ def generate_tool_call(
     closing_budget: int = 96,
     guard_placeholders: bool = True,
     optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
+    quoted: str | None = None,
 ) -> ToolCallResult:
-    """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring)."""
+    """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring).
+    ``quoted``: the text the call answers (the request, tool results): values found in it are
+    never refused as placeholders (:mod:`~nexus_mlx.decode.placeholders`)."""
     if not tools:
         raise ArgumentError("generate_tool_call needs at least one candidate tool")
     by_name = {t.qualified_name: t for t in tools}
@@ -316,7 +319,8 @@ def generate_tool_call(
     tool = by_name[name]
     compiled = compile_schema(tool.input_schema, leading_space=True, after=CALL_SUFFIX)
     constraint = JsonConstraint(compiled, vocab, guard_placeholders=guard_placeholders,
-                                names=list(by_name), ll_tok=ll_tokenizer(tokenizer))
+                                names=list(by_name), ll_tok=ll_tokenizer(tokenizer),
+                                quoted=quoted)
     compile_s = time.perf_counter() - t_compile
     args_us: list[float] = []
     budget_sampled = 0
@@ -363,7 +367,7 @@ def generate_tool_call(
         value = constraint.value()
         if isinstance(value, dict):
             arguments = value
-        errors = check_arguments(value, tool.input_schema, names=list(by_name))
+        errors = check_arguments(value, tool.input_schema, names=list(by_name), quoted=quoted)
     else:
         errors = [f"incomplete: no complete JSON within {max_argument_tokens} + "
                   f"{closing_budget} argument tokens"]
@@ -395,9 +399,20 @@ def call_tool(
     style: str = "ir",
     **kwargs: Any,
 ) -> ToolCallResult:
-    """:func:`tool_call_prompt` + :func:`generate_tool_call` on a fresh cache."""
+    """:func:`tool_call_prompt` + :func:`generate_tool_call` on a fresh cache; the request is
+    the ``quoted`` text unless one is given."""
     prompt = tool_call_prompt(tokenizer, request, tools, ir_options=ir_options, style=style)
+    kwargs.setdefault("quoted", quoted_text(request))
     return generate_tool_call(model, tokenizer, None, prompt, tools, **kwargs)
+
+
+def quoted_text(request: str | Sequence[Mapping[str, Any]]) -> str:
+    """The text a call's values may quote: the request, or every non-system message's string
+    content, one per line."""
+    if isinstance(request, str):
+        return request
+    return "\n".join(str(m.get("content") or "") for m in request
+                     if m.get("role") != "system" and isinstance(m.get("content"), str))
 
 
 def describe(result: ToolCallResult) -> str:
