@@ -47,9 +47,7 @@ def _inputs(rng, heads, kv_heads, t, n, v_layout):
 @pytest.mark.parametrize("window, softcap, v_layout",
                          [(None, None, "row"), (4, None, "row"), (None, 5.0, "transposed"),
                           (6, 5.0, "row")])
-def test_attention_paths_equal_the_reference(monkeypatch, heads, kv_heads, t, n, window, softcap,
-                                            v_layout):
-    monkeypatch.setattr(attention, "MIN_POSITIONAL_SCORES", 0)  # small shapes: positional too
+def test_attention_paths_equal_the_reference(heads, kv_heads, t, n, window, softcap, v_layout):
     rng = np.random.default_rng(heads * 100 + t * 10 + n)
     q, k, v, keys = _inputs(rng, heads, kv_heads, t, n, v_layout)
     layer = _layer(window, softcap)
@@ -69,18 +67,6 @@ def test_cpu_float32_takes_the_positional_path_and_decode_stays_lazy():
     assert attention.attention_path(q, _layer(), "row", False, True) == "positional"
     assert attention.attention_path(q[:, :, :1], _layer(), "row", False, True) == "explicit"
     assert attention.attention_path(q, _layer(), "row", False, False) == "explicit"
-
-
-def test_small_score_matrices_take_the_lazy_explicit_path():
-    """Below MIN_POSITIONAL_SCORES (heads x queries x keys) the native softmax's per-layer sync
-    costs more than it saves; at or above it the positional path runs."""
-    if not position_softmax.kernel_applies(mx.float32):
-        pytest.skip(position_softmax.native_status().reason)
-    q = mx.zeros((1, 8, 64, 16))
-    small = attention.MIN_POSITIONAL_SCORES // (8 * 64) - 1
-    assert attention.attention_path(q, _layer(), "row", False, True, n_keys=small) == "explicit"
-    assert attention.attention_path(q, _layer(), "row", False, True,
-                                    n_keys=small + 1) == "positional"
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (9, 3)])

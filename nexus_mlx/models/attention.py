@@ -14,11 +14,9 @@ probabilities only when asked (``want_probs``). Three paths, equal within float3
   when no probabilities are asked. Its mask is ``"causal"`` when the queries are the last ``T`` of
   rows whose positions are ``0 .. N-1`` in row order (a plain append; no window shorter than
   ``N``), none when every key is visible, else one boolean mask built once per call and window.
-- ``positional`` (float32 on the CPU, at least two queries and at least
-  :data:`MIN_POSITIONAL_SCORES` scores per layer): two grouped GEMMs around the native in-place
-  softmax of :mod:`~nexus_mlx.kernels.position_softmax`, which applies the position rule itself:
-  no mask tensor exists. It evaluates the scores (a sync point per layer), which costs more than
-  it saves on small score matrices (a seam repair of a few dozen rows at a shallow depth).
+- ``positional`` (float32 on the CPU, at least two queries): two grouped GEMMs around the native
+  in-place softmax of :mod:`~nexus_mlx.kernels.position_softmax`, which applies the position rule
+  itself: no mask tensor exists. It evaluates the scores (a sync point per layer).
 - ``explicit`` (the reference, and decode steps on the CPU, which stay lazy): grouped GEMMs, the
   boolean mask via ``mx.where``, and :func:`~nexus_mlx.kernels.cpu_exp.softmax`.
 
@@ -40,11 +38,6 @@ from nexus_mlx.models.arch import LayerPlan
 
 AttentionPath = Literal["fused", "positional", "explicit"]
 MIN_POSITIONAL_QUERIES = 2  # single-token decode steps stay lazy (pipelined by the caller)
-MIN_POSITIONAL_SCORES = 1 << 18
-"""Score elements per layer (heads x queries x keys) below which the lazy explicit path beats the
-native softmax's per-layer sync on the CPU. Measured on SmolLM2 fp32, 2 cores (forwards of
-12-512 tokens over 256-8,000 rows): explicit 2-12% faster at 29K-231K scores, positional 20% faster
-at 443K and 2.3x at 4.6M."""
 
 
 class KeyView:
@@ -82,19 +75,15 @@ class KeyView:
 
 
 def attention_path(
-    q: mx.array, layer: LayerPlan, v_layout: str, want_probs: bool, use_kernel: bool,
-    n_keys: int | None = None,
+    q: mx.array, layer: LayerPlan, v_layout: str, want_probs: bool, use_kernel: bool
 ) -> AttentionPath:
-    """Which path :func:`attend` takes for these inputs (see the module docstring); ``n_keys``
-    is the number of keys attended (None: treat the score matrix as large)."""
+    """Which path :func:`attend` takes for these inputs (see the module docstring)."""
     if not use_kernel:
         return "explicit"
     cpu_f32 = cpu_exp.kernel_applies(q.dtype)
     if not cpu_f32 and layer.softcap is None and v_layout == "row" and not want_probs:
         return "fused"
-    _, heads, t, _ = q.shape
-    large = n_keys is None or heads * t * n_keys >= MIN_POSITIONAL_SCORES
-    if t >= MIN_POSITIONAL_QUERIES and large and position_softmax.kernel_applies(q.dtype):
+    if q.shape[2] >= MIN_POSITIONAL_QUERIES and position_softmax.kernel_applies(q.dtype):
         return "positional"
     return "explicit"
 
@@ -114,7 +103,7 @@ def attend(
     ``mark(stage, array)``, when given, is called where ``scores``, ``softmax`` and ``pv`` end
     (a profiling boundary)."""
     mark = mark or _no_mark
-    path = attention_path(q, layer, v_layout, want_probs, use_kernel, n_keys=k.shape[2])
+    path = attention_path(q, layer, v_layout, want_probs, use_kernel)
     if path == "fused":
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=layer.scale,
                                                    mask=keys.fused_mask(layer.window))
