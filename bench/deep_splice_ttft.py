@@ -9,7 +9,9 @@ request for it go on top:
 - splice arms (one per entry of ``REPAIRS``): splice the compiled block (compiled once, outside
   timing, after the same system prompt, so ``m0`` = its length) with the request appended, so the
   seam repair rows the arm's curve asks for and the request advance through each layer together
-  in one forward pass (``splice(..., append=request)``), take the argmax of its logits.
+  in one forward pass (``splice(..., append=request)``), take the argmax of its logits;
+- request arm (the limit no splice can beat): the schema's exact KV is already in place (prefilled
+  outside timing), only the request is computed; ``limit_speedup`` = prefill / request.
 TTFT stops when the first generated token is evaluated. Arms are interleaved trial by trial (their
 order rotates) because the machine is shared. Before timing, each depth runs every arm once
 untimed, compares its first-token distribution with the prefill arm's (KL in nats, top-1
@@ -19,7 +21,8 @@ records the load average at start and end: the machine is shared, so read the ra
 
 JSON ``{"cells": [{"n_past", "K", "curve", "R_pct", "recomputed", "prefill_ms", "splice_ms",
 "speedup", "speedup_ci", "top1_ok", "kl", "splice_stage_ms" (validate / select / copy / repair =
-the one forward pass of repair rows + request), "kv_bytes", "peak_rss_mib", ...}]}``; PNG:
+the one forward pass of repair rows + request), "request_ms", "limit_speedup", "limit_speedup_ci",
+"kv_bytes", "peak_rss_mib", ...}]}``; PNG:
 speedup with 95% CIs and TTFT per depth.
 ``--quick``: n_past {256, 512}, K = 4 only, 3 trials.
 """
@@ -70,6 +73,7 @@ QUICK_DEPTHS = [256, 512]
 TRIALS, QUICK_TRIALS = 15, 3
 WARMUP_ROUNDS = 1  # after the untimed correctness round
 EXACT_TOL = 1e-3  # max |logit difference| when an arm recomputes the whole block
+REQUEST_ARM = "request"  # the limit arm: the request alone over the schema's exact KV
 PAPER: dict[str, dict[str, Any]] = paper_reference()[NAME]["values"]  # speedups by K and n_past
 
 
@@ -113,6 +117,13 @@ def first_token(logits: mx.array) -> mx.array:
     return token
 
 
+def request_turn(model, cache, query: list[int]) -> tuple[mx.array, None]:
+    """The limit: only the request is computed, over the schema's exact KV already in place."""
+    logits = forward(model, query, cache, logits="last")  # (1, 1, vocab)
+    first_token(logits)
+    return logits, None
+
+
 def prefill_turn(model, cache, schema: list[int], query: list[int]) -> tuple[mx.array, None]:
     logits = forward(model, schema + query, cache, logits="last")  # (1, 1, vocab)
     first_token(logits)
@@ -138,20 +149,28 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
     def splice_arm(rep: Repair) -> Arm:
         return lambda c: splice_turn(model, c, rep, block, query)
 
-    arms: dict[str, Arm] = {"prefill": lambda c: prefill_turn(model, c, schema, query)}
+    arms: dict[str, Arm] = {"prefill": lambda c: prefill_turn(model, c, schema, query),
+                            REQUEST_ARM: lambda c: request_turn(model, c, query)}
     arms.update({rep.name: splice_arm(rep) for rep in repairs})
+    with_schema = base.fork()  # the limit arm's start: the schema's KV already exact in place
+    mx.eval(forward(model, schema, with_schema, logits="last"))
+    with_schema.evaluate()
+    bases = {name: with_schema if name == REQUEST_ARM else base for name in arms}
 
     # Correctness round (untimed, doubles as the first warm-up).
     expected = np.array(history + schema + query)
     logits: dict[str, np.ndarray] = {}
     results: dict[str, SpliceResult | None] = {}
     for name, arm in arms.items():
-        cache = base.fork()
+        cache = bases[name].fork()
         out, results[name] = arm(cache)
         logits[name] = np.array(out[0, -1], dtype=np.float64)
         if not np.array_equal(cache.tokens, expected):
             raise SystemExit(f"n_past {n_past}, arm {name}: cache does not hold "
                              "history + schema + request")
+    if float(np.abs(logits[REQUEST_ARM] - logits["prefill"]).max()) > EXACT_TOL:
+        raise SystemExit(f"n_past {n_past}: the request over the schema's exact KV differs "
+                         "from the prefill")
     for rep in repairs:
         res = results[rep.name]
         assert res is not None
@@ -160,8 +179,8 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
             raise SystemExit(f"n_past {n_past}, {rep.name}: full recompute differs from the "
                              f"prefill by {diff:.3g} logits")
     for _ in range(WARMUP_ROUNDS):
-        for arm in arms.values():
-            arm(base.fork())
+        for name, arm in arms.items():
+            arm(bases[name].fork())
 
     times: dict[str, list[float]] = {name: [] for name in arms}
     stages: dict[str, list[dict[str, float]]] = {rep.name: [] for rep in repairs}
@@ -169,7 +188,7 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
     for trial in range(trials):
         order = names[trial % len(names):] + names[:trial % len(names)]
         for name in order:
-            cache = base.fork()  # outside the timed region (fork evaluates its copy)
+            cache = bases[name].fork()  # outside the timed region (fork evaluates its copy)
             start = time.perf_counter()
             _, res = arms[name](cache)
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -178,6 +197,8 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
 
     cells = []
     pre_med, pre_lo, pre_hi = median_ci(times["prefill"])
+    req_med, _, _ = median_ci(times[REQUEST_ARM])
+    limit, l_lo, l_hi = ratio_ci(times["prefill"], times[REQUEST_ARM])
     for rep in repairs:
         res = results[rep.name]
         assert res is not None
@@ -194,13 +215,14 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
             "splice_ms": med, "splice_ci": [lo, hi],
             "speedup": speedup, "speedup_ci": [s_lo, s_hi],
             "top1_ok": same, "kl": kl, "splice_stage_ms": stage_ms,
+            "request_ms": req_med, "limit_speedup": limit, "limit_speedup_ci": [l_lo, l_hi],
             "kv_bytes": base.nbytes, "peak_rss_mib": resource.getrusage(
                 resource.RUSAGE_SELF).ru_maxrss / 1024,
             "prefill_trials_ms": times["prefill"], "splice_trials_ms": times[rep.name],
         })
         print(f"n_past {n_past:5d} {rep.name:5s}: R {res.r_pct:6.2f}% prefill {pre_med:7.1f} ms "
               f"splice {med:7.1f} ms speedup {speedup:.2f}x [{s_lo:.2f}, {s_hi:.2f}] "
-              f"top-1 {same} KL {kl:.4f}", flush=True)
+              f"top-1 {same} KL {kl:.4f} (limit {limit:.2f}x)", flush=True)
     return cells
 
 
