@@ -192,6 +192,7 @@ def test_quoted_text_is_never_a_placeholder():
         assert PlaceholderPolicy(None).is_placeholder(value, "body")
         assert not PlaceholderPolicy(None, quoted=request).is_placeholder(value, "body")
     assert PlaceholderPolicy(None, quoted=request).is_placeholder("your_username", "owner")
+    assert PlaceholderPolicy(None, quoted="evaluate it").is_placeholder("value", "x")  # words
     assert find_placeholders({"body": "Your fix works"}, quoted=request) == []
     assert check_arguments({"body": "Your fix works"}, {"type": "object"}) != []
 

@@ -7,7 +7,7 @@ string, ``find_placeholders`` returns the JSON-pointer paths of placeholder stri
 value, and ``check_arguments`` adds ``jsonschema`` validation errors. Keys are never judged.
 
 ``quoted`` is text the values may quote (the conversation the call answers): a value that occurs
-in it (case-insensitively) is never a placeholder, whatever it looks like (a comment body
+in it (as whole words, case-insensitively) is never a placeholder, whatever it looks like (a comment body
 ``"Your fix works"``, a title ``"TODO"`` the user asked for).
 
 It does not compile grammars or drive matchers (:mod:`.json_constraint`).
@@ -88,9 +88,12 @@ class PlaceholderPolicy:
         return bool(norm) and _echoes(norm, words)
 
     def is_quoted(self, value: str) -> bool:
-        """Whether ``value`` (stripped, non-empty) occurs in the quoted text, ignoring case."""
+        """Whether ``value`` (stripped, non-empty) occurs in the quoted text as whole words,
+        ignoring case (``"value"`` is not quoted by ``"evaluate"``)."""
         text = value.strip().lower()
-        return bool(text) and self.quoted is not None and text in self.quoted
+        if not text or self.quoted is None or text not in self.quoted:
+            return False
+        return re.search(rf"(?<!\w){re.escape(text)}(?!\w)", self.quoted) is not None
 
     def may_become(self, value: str, key: str | None) -> bool:
         """Conservative filter: ``False`` only if no continuation of ``value`` is a placeholder."""
