@@ -11,6 +11,7 @@ from cache_oracle import live_snapshot, max_diff
 from tiny_models import VOCAB, tiny_model
 
 import nexus_mlx.agent.cache_editor as editor_module
+import nexus_mlx.agent.session as session_module
 from nexus_mlx.agent.session import Session
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
@@ -46,7 +47,9 @@ def _edits():
 
 @pytest.mark.parametrize("name,first,second", _edits(), ids=[e[0] for e in _edits()])
 @pytest.mark.parametrize("policy,budget", [("exact", 5.0), ("repair", 100.0)])
-def test_exact_paths_equal_a_fresh_prefill(model, name, first, second, policy, budget):
+def test_exact_paths_equal_a_fresh_prefill(model, monkeypatch, name, first, second, policy,
+                                           budget):
+    monkeypatch.setattr(session_module, "REENCODE_SHARE", float("inf"))  # repair even at 100%
     s = Session(model, None, policy=policy, budget=budget, allocator="dense_tokens", min_reuse=16)
     s.step_ids(first)
     report = s.step_ids(second)
@@ -63,6 +66,24 @@ def test_exact_paths_equal_a_fresh_prefill(model, name, first, second, policy, b
         assert report.path == "repair" and report.spliced > 0 and report.repaired == report.spliced
     assert report.reused + report.spliced + report.computed == len(second)
     assert s.stale_rows == 0 and report.stale == 0
+
+
+@pytest.mark.parametrize("budget,path", [(5.0, "repair"), (70.0, "repair"), (75.0, "reencode"),
+                                         (100.0, "reencode")])
+def test_a_repair_as_costly_as_a_reencode_reencodes(model, budget, path):
+    """Deleting 10 rows before a 40-row suffix: a repair computes the new token and ceil(b%) of
+    the 40 moved rows; from 75% that reaches REENCODE_SHARE of the re-encode's 41 rows."""
+    h = HISTORY.tolist()[:130]
+    s = Session(model, None, budget=budget, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(h)
+    second = h[:80] + h[90:] + [7]
+    report = s.step_ids(second)
+    assert report.path == path, report.reason
+    if path == "reencode":
+        assert "re-encoded instead" in report.reason and s.stale_rows == 0
+        assert max_diff(s.next_token_logits(), _fresh_logits(model, second)) <= TOL
+    else:
+        assert report.repaired == -(-budget * 40 // 100) and s.stale_rows > 0
 
 
 def test_a_moved_span_is_reused_in_its_own_run(model):

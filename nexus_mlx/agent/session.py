@@ -17,8 +17,10 @@ own chat template (the assistant's turn opened), aligns it with the cached ids
   advance through each layer together, fresh K/V written before attention.
 - ``truncate``: the request is a prefix of the cache: later rows are dropped (exact).
 - ``reencode``: everything after the common prefix is prefilled again — every non-append edit
-  under policy ``exact`` (mlx-lm's prefix-cache behaviour, for audits), or when no reused run is
-  at least ``min_reuse`` tokens (the report says why).
+  under policy ``exact`` (mlx-lm's prefix-cache behaviour, for audits), when no reused run is
+  at least ``min_reuse`` tokens, or when the repair would compute at least
+  :data:`REENCODE_SHARE` of the rows the re-encode computes (a large budget over a short
+  suffix: the re-encode is then exact and no slower). The report says why.
 
 A moved row that is not recomputed stays *stale* (its K/V saw another context) until a later
 step recomputes it: every later step under policy ``repair`` (appends included) recomputes
@@ -81,6 +83,11 @@ from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 from nexus_mlx.refresh.budget import budget_tokens
 
+REENCODE_SHARE = 0.75
+"""A repair that would compute at least this share of a re-encode's rows re-encodes instead.
+Measured on SmolLM2 (``bench/agent_session.py --budgets 5,25,50,90``, deletes of a ~280-row
+suffix): the repair pass cost ~4.1 ms a row plus ~100 ms for the move and the allocator, the
+re-encode ~3.3 ms a row, so a repair stops paying at about three quarters of the rows."""
 Policy = Literal["exact", "repair"]
 POLICIES: tuple[str, ...] = ("exact", "repair")
 # allocators that read only the stale block's text and the query (not a dirty twin cache)
@@ -234,8 +241,13 @@ class Session:
                ) -> StepReport:
         start = time.perf_counter()
         if plan.kind == "reuse" and self.policy == "repair":
-            return self._repair(plan, new, tools, start)
-        if plan.kind == "append" and plan.prefix < new.size:
+            rows, reencode = self._repair_rows(plan, new), new.size - plan.prefix
+            if rows < REENCODE_SHARE * reencode:
+                return self._repair(plan, new, tools, start)
+            path, keep = "reencode", plan.prefix
+            reason = (f"a repair would compute {rows} rows, a re-encode {reencode} (>= "
+                      f"{REENCODE_SHARE:.0%} of them): re-encoded instead")
+        elif plan.kind == "append" and plan.prefix < new.size:
             path, keep, reason = "append", plan.prefix, "the cache holds a prefix of the request"
         elif plan.kind == "append":  # the same ids again: recompute the last one for its logits
             path, keep, reason = "append", new.size - 1, "identical request: last token recomputed"
@@ -248,6 +260,18 @@ class Session:
                       else f"no run of >= {self.min_reuse} cached tokens reappears after the edit")
         fill = self._edit(new, tools, keep=keep)
         return self._report(path, reason, plan, new, fill, start)
+
+    def _repair_rows(self, plan: EditPlan, new: np.ndarray) -> int:
+        """Rows the repair path would compute for ``plan`` (one that reuses runs): the new
+        tokens, the budget's share of the rows stale after the move, and the last row if it is
+        not new."""
+        sources = plan.sources()
+        moved = sources != np.arange(sources.size)
+        first = int(np.argmax(moved)) if moved.any() else sources.size  # rows left in place
+        stale = int((sources[first:] >= 0).sum()) + int(self.editor.flags()[:first].sum())
+        fresh = int((sources == -1).sum()) + new.size - sources.size
+        last_fresh = new.size > sources.size or sources[-1] == -1
+        return fresh + budget_tokens(stale, self.budget) + (0 if last_fresh else 1)
 
     def _repair(self, plan: EditPlan, new: np.ndarray, tools: list[dict[str, Any]],
                 start: float) -> StepReport:
