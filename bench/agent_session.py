@@ -15,6 +15,8 @@ rotates):
 - ``repair-2`` / ``repair-5``: ``Session(policy="repair", budget=2 / 5)``, sharing one
   :class:`~nexus_mlx.agent.tool_blocks.ToolBlocks` harvested from their caches (a tool
   definition new to a session is spliced when an earlier trajectory computed it).
+  ``--budgets 5,25,50`` names other budgets (one ``repair-<b>`` arm each) and ``--allocator``
+  the repair allocator (default ``sur``): a fidelity-vs-budget sweep on the same requests.
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
@@ -56,13 +58,15 @@ from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.loop import openai_tool
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
-from nexus_mlx.agent.session import Session
+from nexus_mlx.agent.session import SESSION_ALLOCATORS, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import parse_tool_calls
 from nexus_mlx.metrics import next_token_kl
 
-ARMS = ("reprefill", "prefix", "exact", "repair-2", "repair-5")
+BASE_ARMS = ("reprefill", "prefix", "exact")
+DEFAULT_BUDGETS = (2.0, 5.0)
+ARMS = (*BASE_ARMS, *(f"repair-{b:g}" for b in DEFAULT_BUDGETS))  # a default run's arms
 DEEP = 1024
 
 
@@ -198,11 +202,15 @@ class SessionArm:
         return {"heal_ms": (time.perf_counter() - start) * 1e3, "healed": healed}
 
 
-def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None) -> dict[str, Any]:
-    return {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
-            "exact": SessionArm(Session(model, tokenizer, policy="exact")),
-            "repair-2": SessionArm(Session(model, tokenizer, budget=2.0, blocks=blocks)),
-            "repair-5": SessionArm(Session(model, tokenizer, budget=5.0, blocks=blocks))}
+def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
+              budgets: tuple[float, ...] = DEFAULT_BUDGETS, allocator: str = "sur"
+              ) -> dict[str, Any]:
+    arms: dict[str, Any] = {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
+                            "exact": SessionArm(Session(model, tokenizer, policy="exact"))}
+    for b in budgets:
+        arms[f"repair-{b:g}"] = SessionArm(Session(model, tokenizer, budget=b, blocks=blocks,
+                                                   allocator=allocator))
+    return arms
 
 
 def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bool
@@ -225,11 +233,12 @@ def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bo
 
 # ---------------------------------------------------------------------------- summary
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
+              ) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     groups = {c: [r for r in records if r["edit"] == c] for c in EDIT_CLASSES}
     groups["deep"] = [r for r in records if r["edit"] != "append" and r["depth"] >= DEEP]
-    for arm in ARMS:
+    for arm in arms:
         out[arm] = {}
         for name, rows in groups.items():
             if not rows:
@@ -252,8 +261,8 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
 
     classes = [c for c in (*EDIT_CLASSES, "deep") if c in summary["prefix"]]
     fig, (ax_t, ax_a) = plots.figure(2, width=11)
-    width = 0.8 / len(ARMS)
-    for i, arm in enumerate(ARMS):
+    width = 0.8 / len(summary)
+    for i, arm in enumerate(summary):
         xs = np.arange(len(classes)) + i * width
         ax_t.bar(xs, [summary[arm][c]["ttft_ms"] for c in classes], width, label=arm)
         ax_a.bar(xs, [summary[arm][c]["agree16"] for c in classes], width, label=arm)
@@ -280,7 +289,13 @@ def main() -> None:
                         help="repair arms do not splice compiled tool blocks")
     parser.add_argument("--no-idle-heal", action="store_true",
                         help="keep stale rows between requests (no healing while idle)")
+    parser.add_argument("--budgets", default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
+                        help="repair budgets in percent, one repair-<b> arm each")
+    parser.add_argument("--allocator", default="sur", choices=SESSION_ALLOCATORS,
+                        help="the repair arms' allocator")
     args = parser.parse_args()
+    budgets = tuple(float(b) for b in str(args.budgets).split(","))
+    arm_names = (*BASE_ARMS, *(f"repair-{b:g}" for b in budgets))
     if args.quick:
         args.n, args.requests, args.tools, args.decode = 1, 6, "3", 16
     tool_counts = [int(x) for x in str(args.tools).split(",")]
@@ -297,10 +312,10 @@ def main() -> None:
               ToolBlocks(model, render.render, template_digest(tokenizer)))
     records = []
     for trajectory in trajectories:
-        arms = make_arms(model, tokenizer, blocks)
+        arms = make_arms(model, tokenizer, blocks, budgets, args.allocator)
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
-            order = ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]
+            order = arm_names[r % len(arm_names):] + arm_names[: r % len(arm_names)]
             runs = {name: run_arm(arms[name], ids, args.decode, eos, not args.no_idle_heal)
                     for name in order}
             ref = runs["reprefill"]
@@ -320,13 +335,15 @@ def main() -> None:
                     "calls_identical": calls == ref_calls}
             records.append(row)
             print(f"traj {trajectory.index} req {r} {request.edit:>6} depth {ids.size:>5}: " +
-                  "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in ARMS), flush=True)
+                  "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in arm_names),
+                  flush=True)
     first = [r for r in records if r["request"] > 0]
-    summary = summarize(first)
+    summary = summarize(first, arm_names)
     name = "agent_session" + (f"_{args.tag}" if args.tag else "")
     emit(name, {**model_record(args.model, model), "n_trajectories": args.n, "requests": args.requests,
                 "tools_per_trajectory": tool_counts,
                 "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
+                "budgets": list(budgets), "allocator": args.allocator,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)
