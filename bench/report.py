@@ -129,7 +129,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("ir_hints", "Compressed IR with per-argument format hints", AGENTS, ir_hints_section,
           variants=True),
     Bench("agent_session", "Live sessions: TTFT and fidelity by edit class", AGENTS,
-          session_section),
+          session_section, variants=True),
     Bench("server", "Server over HTTP vs mlx_lm.server", AGENTS, server_section),
     Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,
           agent_run_section, variants=True),

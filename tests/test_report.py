@@ -47,7 +47,7 @@ def results(tmp_path: Path) -> Path:
         {"n_past": 1024, "K": 4, "speedup": 0.991},
         {"n_past": 256, "K": 4, "prefill_ms": 1310.0, "splice_ms": 800.0, "speedup": 1.6375,
          "speedup_ci": [1.5, 1.7], "top1_ok": True, "kl": 0.0123},
-        {"n_past": 512, "K": 16.0, "speedup": 2.49},
+        {"n_past": 512, "K": 16.0, "speedup": 2.49, "limit_speedup": 3.591},
         {"n_past": 512, "curve": "sur", "speedup": 1.58},
     ]})
     _write(folder, "repair_niah", _result("repair_niah", n_cases=2, spec={"lengths": [512]},
@@ -96,7 +96,8 @@ def test_sections_tables_and_paper_values(results: Path):
     assert "| 64 | n/a | 0.0123 | n/a |" in dkl  # missing keys -> n/a
     assert "model default (SmolLM2)" in dkl
     ttft = _section(text, "### Table III")
-    assert "| 256 | 4 | n/a | n/a | n/a | 1310.0 | 800.0 | 1.64 | [1.50, 1.70] | yes |" in ttft
+    assert "| 256 | 4 | n/a | n/a | n/a | 1310.0 | 800.0 | 1.64 | [1.50, 1.70] | n/a | yes |" in ttft
+    assert "| 2.49 | n/a | 3.59 |" in ttft  # the limit arm's speedup beside the splice's
     row_1024 = next(line for line in ttft.splitlines() if line.startswith("| 1024 | 4 |"))
     assert row_1024.endswith("| 0.98-1.00 |")
     assert ttft.rstrip().splitlines()[-1].startswith("| 512 | sur |")  # named curves sort last
