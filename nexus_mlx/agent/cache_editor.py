@@ -11,7 +11,8 @@ fresh prefill's; healing every inexact row in one pass makes the whole cache exa
 - ``trim(keep)``: drop rows ``[keep, n_past)``.
 - ``move(sources)``: rebuild the rows in one gather (:func:`~nexus_mlx.kv.regather.regather`):
   new row ``r`` copies old row ``sources[r]`` re-anchored, or is blank (``-1``); every copied row
-  after the leading rows that stay in place (``sources[r] == r``) is inexact.
+  after the leading rows that stay in place (``sources[r] == r``) is inexact;
+  ``flags_after_move(sources)`` says which rows a move would leave inexact, changing nothing.
 - ``fill(new, fresh, budget, tools=..., blocks=...)``: bring rows to the ids ``new`` (the full
   sequence) by computing the rows ``fresh`` (blank, appended or overwritten). Fresh spans that
   match a compiled block of one of ``tools`` are placed from it instead (re-anchored, inexact).
@@ -98,13 +99,17 @@ class CacheEditor:
         self.set_flags(flags)
 
     def move(self, sources: np.ndarray) -> None:
-        old = self.flags()
+        flags = self.flags_after_move(sources)
         regather(self.cache, sources, np.arange(sources.size))  # moved keys re-anchored
+        self.set_flags(flags)
+
+    def flags_after_move(self, sources: np.ndarray) -> np.ndarray:
+        """The inexact flags :meth:`move` would leave for ``sources`` (nothing is changed)."""
         moved = sources != np.arange(sources.size)
         kept = int(np.argmax(moved)) if moved.any() else sources.size  # rows left in place
-        flags = _taken(old, sources)
+        flags = _taken(self.flags(), sources)
         flags[kept:] |= sources[kept:] >= 0  # their context changed: inexact
-        self.set_flags(flags)
+        return flags
 
     # ---- computing ----------------------------------------------------------------------
     def fill(self, new: np.ndarray, fresh: np.ndarray, budget: float, *,

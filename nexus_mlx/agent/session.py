@@ -266,9 +266,7 @@ class Session:
         tokens, the budget's share of the rows stale after the move, and the last row if it is
         not new."""
         sources = plan.sources()
-        moved = sources != np.arange(sources.size)
-        first = int(np.argmax(moved)) if moved.any() else sources.size  # rows left in place
-        stale = int((sources[first:] >= 0).sum()) + int(self.editor.flags()[:first].sum())
+        stale = int(self.editor.flags_after_move(sources).sum())
         fresh = int((sources == -1).sum()) + new.size - sources.size
         last_fresh = new.size > sources.size or sources[-1] == -1
         return fresh + budget_tokens(stale, self.budget) + (0 if last_fresh else 1)

@@ -26,6 +26,7 @@ from nexus_mlx.errors import ModelFormatError
 from nexus_mlx.kv.rope import RopeSpec
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text")
+SWIGLU_ARCHITECTURES = ("llama", "qwen2", "qwen3")  # MLP: down(silu(gate(x)) * up(x))
 _PLAN_ATTR = "_nexus_model_plan"
 
 

@@ -44,12 +44,11 @@ from nexus_mlx.errors import ArgumentError, PositionError, TokenError
 from nexus_mlx.kernels.cpu_exp import kernel_applies, silu
 from nexus_mlx.kv.cache import NexusCache, WritePlan
 from nexus_mlx.kv.rope import RopeSpec, rope_tables, rotate
-from nexus_mlx.models.arch import ModelPlan, model_plan
+from nexus_mlx.models.arch import SWIGLU_ARCHITECTURES, ModelPlan, model_plan
 from nexus_mlx.models.attention import KeyView, attend
 from nexus_mlx.models.fused import FusedLayer, fused_layer
 from nexus_mlx.models.stages import StageProfile
 
-SWIGLU_ARCHITECTURES = ("llama", "qwen2", "qwen3")  # down(silu(gate(x)) * up(x))
 TokenInput = Sequence[int] | np.ndarray | mx.array
 AttentionProbe = Callable[[int, mx.array], None]  # (layer index, probs (1, H, T, N))
 PREFILL_CHUNK = 512  # tokens per chunk of a long call (mlx-lm's prefill_step_size is 2048)
@@ -224,13 +223,11 @@ def mlp(module: nn.Module, x: mx.array, plan: ModelPlan, fused: FusedLayer | Non
     """The block's MLP on ``x (1, T, hidden)``: llama/qwen SwiGLU with gate and up from one
     matmul where ``fused`` has them, and the vectorized SiLU of
     :mod:`~nexus_mlx.kernels.cpu_exp` where it applies (float32 on the CPU); else the module."""
-    if plan.architecture in SWIGLU_ARCHITECTURES:
-        gate_up = fused.gate_up() if fused is not None else None
-        if gate_up is not None:
-            gate, up = gate_up(x)
-            return module.down_proj(silu(gate) * up)
-        if kernel_applies(x.dtype):
-            return module.down_proj(silu(module.gate_proj(x)) * module.up_proj(x))
+    gate_up = fused.gate_up() if fused is not None else None
+    fast = gate_up is not None or kernel_applies(x.dtype)
+    if plan.architecture in SWIGLU_ARCHITECTURES and fast:
+        gate, up = gate_up(x) if gate_up is not None else (module.gate_proj(x), module.up_proj(x))
+        return module.down_proj(silu(gate) * up)
     return module(x)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from nexus_mlx.models.arch import model_plan
+from nexus_mlx.models.arch import SWIGLU_ARCHITECTURES, model_plan
 
 ENV_VAR = "NEXUS_MLX_FUSE"
 _FUSED_ATTR = "_nexus_fused_layers"
@@ -82,7 +82,7 @@ def fuse_model(model: nn.Module, *, swiglu: bool | None = None) -> tuple[FusedLa
     ``swiglu`` says whether the MLPs are ``down(act(gate(x)) * up(x))`` with gate/up to fuse
     (default: read from the model plan)."""
     if swiglu is None:
-        swiglu = model_plan(model).architecture in ("llama", "qwen2", "qwen3")
+        swiglu = model_plan(model).architecture in SWIGLU_ARCHITECTURES
     enabled = os.environ.get(ENV_VAR, "1") != "0"
     layers = tuple(_fuse_layer(layer, swiglu) if enabled else None for layer in model.layers)
     object.__setattr__(model, _FUSED_ATTR, layers)
