@@ -20,13 +20,17 @@ rotates):
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
-as a server keeps them). After its reply a session arm heals its stale rows
+as a server keeps them), and on up to ``--call-tokens`` while the reply is an unfinished call
+(tags, bare JSON or a fence), so the call can be compared. After its reply a session arm heals its stale rows
 (:meth:`~nexus_mlx.agent.session.Session.heal`), as the server does while a session is idle:
 that time is off the critical path and reported apart (``heal_ms``), not in TTFT;
 ``--no-idle-heal`` keeps the stale rows instead (they then heal by ``budget`` percent a step). Fidelity against re-prefill: first-token KL, first 16 greedy tokens
-identical, tool calls in the decoded text identical (both none counts as identical).
+identical, and the first tool call identical (name and arguments; tagged, bare or fenced JSON
+naming an offered tool), compared only where the reference or the arm wrote one: two text
+replies are not a call comparison. ``calls_compared`` counts those requests and
+``calls_identical`` is None where there were none.
 JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
-"calls_identical", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
+"calls_identical", "calls_compared", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
 ``deep``: the non-append classes at depth >= 1,024 tokens), plus every request's record.
 """
 
@@ -45,6 +49,7 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +66,15 @@ from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
 from nexus_mlx.agent.session import SESSION_ALLOCATORS, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
-from nexus_mlx.decode.call_format import parse_tool_calls
+from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, intended_calls, parse_tool_calls
 from nexus_mlx.metrics import next_token_kl
 
 BASE_ARMS = ("reprefill", "prefix", "exact")
 DEFAULT_BUDGETS = (2.0, 5.0)
 ARMS = (*BASE_ARMS, *(f"repair-{b:g}" for b in DEFAULT_BUDGETS))  # a default run's arms
 DEEP = 1024
+CALL_TOKENS = 96
+CALL_STARTS = ("{", "```", CALL_OPEN)
 
 
 # ---------------------------------------------------------------------------- tools and results
@@ -213,14 +220,28 @@ def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
     return arms
 
 
-def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bool
+def first_call(text: str, names: list[str]) -> ParsedCall | None:
+    """The first call ``text`` writes: tagged, or bare / fenced JSON naming an offered tool."""
+    calls = parse_tool_calls(text, names).calls or intended_calls(text, names)
+    return calls[0] if calls else None
+
+
+def unfinished_call(text: str, names: list[str]) -> bool:
+    """The reply opens a call (tags, bare JSON or a fence) that does not parse yet."""
+    return text.lstrip().startswith(CALL_STARTS) and first_call(text, names) is None
+
+
+def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bool,
+            reply: Callable[[list[int]], bool] = lambda _: False, call_tokens: int = CALL_TOKENS
             ) -> dict[str, Any]:
+    """One request on one arm: its step (timed), ``decode`` greedy tokens, and on to
+    ``call_tokens`` while ``reply(tokens so far)`` says a call is unfinished."""
     start = time.perf_counter()
     logits, computed, path = arm.step(ids)
     ttft = (time.perf_counter() - start) * 1e3
     first = np.array(logits)
     tokens: list[int] = []
-    while len(tokens) < decode:
+    while len(tokens) < decode or (len(tokens) < call_tokens and reply(tokens)):
         token = int(mx.argmax(logits).item())
         tokens.append(token)
         if token in eos:
@@ -232,6 +253,13 @@ def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bo
 
 
 # ---------------------------------------------------------------------------- summary
+
+def call_agreement(flags: list[bool | None]) -> dict[str, Any]:
+    """``calls_identical`` over the requests where a call was written (None: not compared)."""
+    compared = [bool(f) for f in flags if f is not None]
+    return {"calls_identical": float(np.mean(compared)) if compared else None,
+            "calls_compared": len(compared)}
+
 
 def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
               ) -> dict[str, dict[str, dict[str, float]]]:
@@ -248,7 +276,7 @@ def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
             out[arm][name] = {
                 "ttft_ms": ttft, "speedup_vs_prefix": prefix / ttft if ttft else float("nan"),
                 "agree16": float(np.mean([r["arms"][arm]["agree16"] for r in rows])),
-                "calls_identical": float(np.mean([r["arms"][arm]["calls_identical"] for r in rows])),
+                **call_agreement([r["arms"][arm].get("calls_identical") for r in rows]),
                 "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),
                 "computed": float(np.mean([r["arms"][arm]["computed"] for r in rows])),
                 "heal_ms": float(np.mean([r["arms"][arm].get("heal_ms", 0.0) for r in rows])),
@@ -283,6 +311,8 @@ def main() -> None:
     parser.add_argument("--tools", default="3,6,12,20",
                         help="tools offered per trajectory, cycled (sets the depths)")
     parser.add_argument("--decode", type=int, default=24, help="greedy tokens per request")
+    parser.add_argument("--call-tokens", type=int, default=CALL_TOKENS,
+                        help="decode on to this many tokens while the reply is an unfinished call")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="")
     parser.add_argument("--no-blocks", action="store_true",
@@ -316,15 +346,21 @@ def main() -> None:
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
             order = arm_names[r % len(arm_names):] + arm_names[: r % len(arm_names)]
-            runs = {name: run_arm(arms[name], ids, args.decode, eos, not args.no_idle_heal)
+            names = [tool["function"]["name"] for tool in request.tools]
+
+            def reply(tokens: list[int], names: list[str] = names) -> bool:
+                return unfinished_call(tokenizer.decode(tokens), names)
+
+            runs = {name: run_arm(arms[name], ids, args.decode, eos, not args.no_idle_heal,
+                                  reply, args.call_tokens)
                     for name in order}
             ref = runs["reprefill"]
-            ref_calls = parse_tool_calls(tokenizer.decode(ref["tokens"])).calls
+            ref_call = first_call(tokenizer.decode(ref["tokens"]), names)
             row = {"trajectory": trajectory.index, "request": r, "edit": request.edit,
                    "detail": request.detail, "depth": int(ids.size),
                    "load": os.getloadavg()[0], "arms": {}}
             for name, run in runs.items():
-                calls = parse_tool_calls(tokenizer.decode(run["tokens"])).calls
+                call = first_call(tokenizer.decode(run["tokens"]), names)
                 extra = {k: run[k] for k in ("reason", "repaired", "stale", "from_blocks",
                                              "timings", "heal_ms", "healed") if k in run}
                 row["arms"][name] = {
@@ -332,7 +368,9 @@ def main() -> None:
                     "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
                     "kl": next_token_kl(ref["first_logits"], run["first_logits"]),
                     "agree16": run["tokens"][:16] == ref["tokens"][:16],
-                    "calls_identical": calls == ref_calls}
+                    "call": None if call is None else [call.name, call.arguments],
+                    "calls_identical": None if call is None and ref_call is None
+                    else call == ref_call}
             records.append(row)
             print(f"traj {trajectory.index} req {r} {request.edit:>6} depth {ids.size:>5}: " +
                   "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in arm_names),
@@ -343,6 +381,7 @@ def main() -> None:
     emit(name, {**model_record(args.model, model), "n_trajectories": args.n, "requests": args.requests,
                 "tools_per_trajectory": tool_counts,
                 "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
+                "call_tokens": args.call_tokens,
                 "budgets": list(budgets), "allocator": args.allocator,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)

@@ -35,15 +35,25 @@ def session_section(d: dict[str, Any]) -> list[str]:
     """``agent_session``: TTFT and fidelity by arm and edit class."""
     rows = _by_class(mapping(d, "summary"), SESSION_CLASSES, lambda c: [
         fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"), fmt(c.get("speedup_vs_prefix"), ".2f"),
-        fmt(c.get("agree16"), ".3f"), fmt(c.get("calls_identical"), ".3f"),
-        fmt(c.get("kl"), ".4f"), fmt(c.get("heal_ms"), ".1f")])
+        fmt(c.get("agree16"), ".3f"), _calls(c), fmt(c.get("kl"), ".4f"),
+        fmt(c.get("heal_ms"), ".1f")])
     head = [
         "TTFT: the step from the previous state to the first token's logits; speed-up over the "
         "prefix cache (mlx-lm's prompt cache); agree16: first 16 greedy tokens equal to "
         "re-prefill's; deep: non-append requests at depth >= 1,024 tokens; heal: idle-time "
-        "recompute of stale rows after a reply, off the critical path.", ""]
+        "recompute of stale rows after a reply, off the critical path; calls identical: the "
+        "first tool call equal to re-prefill's, over the requests (in brackets) where either "
+        "wrote one (n/a: a run from before calls were compared, whose figure compared no "
+        "calls).", ""]
     return head + table(["arm", "edit class", "n", "TTFT ms", "vs prefix", "agree16",
                          "calls identical", "KL", "heal ms"], rows)
+
+
+def _calls(c: dict[str, Any]) -> str:
+    """Call agreement with the number of requests it compares; n/a for a run that did not count."""
+    if "calls_compared" not in c:
+        return "n/a"
+    return f"{fmt(c.get('calls_identical'), '.3f')} ({fmt(c.get('calls_compared'))})"
 
 
 def server_section(d: dict[str, Any]) -> list[str]:
