@@ -1,9 +1,10 @@
 """Multi-step agent requests answered over the live time and git MCP servers, checked against
 the servers' own facts.
 
-Contract: ``python bench/agent_run.py [--model M] [--quick]`` starts ``mcp-server-time`` and
-``mcp-server-git`` (on a temporary repository with three commits and one modified file), then
-asks one conversation a list of requests through the agent loop
+Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--answer-prompt TEXT] [--tag T]
+[--quick]`` starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with
+three commits and one modified file), then asks one conversation a list of requests (``--only``:
+those indices, in that order) through the agent loop
 (:func:`~nexus_mlx.agent.loop.run_agent`, the loop ``Agent.run`` drives; every live tool is
 shown, so no routing): each step generates in the model's own call format over one live
 :class:`~nexus_mlx.agent.session.Session`, executes the calls on the servers and appends the
@@ -112,9 +113,13 @@ def main() -> None:
     parser.add_argument("--no-answer-prompt", action="store_true",
                         help="show no answer prompt after tool results (the loop's default "
                              "asks for the answer in words)")
+    parser.add_argument("--answer-prompt", default=DEFAULT_ANSWER_PROMPT,
+                        help="the loop's answer prompt shown after tool results")
+    parser.add_argument("--only", default="",
+                        help="comma-separated request indices to ask (default: all, in order)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    answer_prompt = None if args.no_answer_prompt else DEFAULT_ANSWER_PROMPT
+    answer_prompt = None if args.no_answer_prompt else args.answer_prompt
     model, tokenizer = load(args.model)
     with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
         repo = _git_repository(Path(tmp))
@@ -126,7 +131,10 @@ def main() -> None:
             for server in servers.values():
                 server.start()
             registry = ToolRegistry([t for s in servers.values() for t in s.list_tools()])
-            items = requests_and_checks(repo)[: 2 if args.quick else None]
+            items = requests_and_checks(repo)
+            if args.only:
+                items = [items[int(i)] for i in str(args.only).split(",")]
+            items = items[: 2 if args.quick else None]
             session = Session(model, tokenizer)
             history: list[dict[str, Any]] = []
             records = []
