@@ -5,8 +5,10 @@ Contract: ``python bench/agent_session.py [--model M] [--n N] [--requests R] [--
 replays ``N`` trajectories (``bench/tasks/trajectories.py``: appends, tool-list changes,
 deleted or truncated tool results, edited messages) over the GitHub MCP tool definitions plus
 the live ``mcp-server-time`` and ``mcp-server-git`` tools, whose results are real answers of
-those servers on a temporary git repository. Arms, interleaved request by request (their order
-rotates):
+those servers on a temporary git repository. Each user turn asks for one of the tools its request
+offers (the GitHub MCP queries, or a request for a live tool), so replies write calls to compare;
+``--generic-questions`` asks the fixed general questions instead. Arms, interleaved request by
+request (their order rotates):
 
 - ``reprefill``: a fresh cache per request (our engine);
 - ``prefix``: mlx-lm's own prompt cache and forward, reused up to the first differing token and
@@ -79,6 +81,7 @@ CALL_STARTS = ("{", "```", CALL_OPEN)
 
 # ---------------------------------------------------------------------------- tools and results
 
+GITHUB_QUERIES = Path(__file__).resolve().parent / "github_queries.jsonl"
 COMMIT_DATES = ("2025-03-14T01:12:00+00:00", "2025-03-14T04:37:00+00:00",
                 "2025-03-14T06:48:00+00:00")  # fixed, far from any run's "now"
 
@@ -130,6 +133,26 @@ def live_tools(workdir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]
                     answer = server.call_tool(tool.qualified_name, arguments, timeout=30)
                     results.setdefault(tool.qualified_name, []).append(answer.text)
     return tools, results
+
+
+LIVE_QUESTIONS = {
+    "time.get_current_time": ("What time is it in Tokyo right now?",
+                              "What is the current time in UTC?"),
+    "time.convert_time": ("Convert 14:30 New York time to London time.",),
+    "git.git_log": ("Show me the three most recent commits of the repository at {repo}.",),
+    "git.git_status": ("Which files are modified in the working tree of {repo}?",),
+    "git.git_diff_unstaged": ("What are the unstaged changes in the repository at {repo}?",),
+}
+
+
+def tool_questions(repo: Path) -> dict[str, list[str]]:
+    """Requests each tool serves: the live tools' (about ``repo``) and the GitHub MCP queries'."""
+    out = {name: [q.format(repo=repo) for q in qs] for name, qs in LIVE_QUESTIONS.items()}
+    for line in GITHUB_QUERIES.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.setdefault(row["tool"], []).append(row["query"])
+    return out
 
 
 def github_tools(limit: int | None) -> list[dict[str, Any]]:
@@ -314,6 +337,9 @@ def main() -> None:
     parser.add_argument("--call-tokens", type=int, default=CALL_TOKENS,
                         help="decode on to this many tokens while the reply is an unfinished call")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--generic-questions", action="store_true",
+                        help="user turns ask general questions, not requests for an offered tool "
+                             "(the runs before 2026-12-02)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--no-blocks", action="store_true",
                         help="repair arms do not splice compiled tool blocks")
@@ -332,9 +358,10 @@ def main() -> None:
     model, tokenizer = load(args.model)
     with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
         live, results = live_tools(Path(tmp))
+        questions = None if args.generic_questions else tool_questions(Path(tmp) / "repo")
     pool = live + github_tools(None if not args.quick else 12)
     trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed,
-                                     tool_counts)
+                                     tool_counts, questions=questions)
     render = Session(model, tokenizer)
     eos = set(render.eos_token_ids)
     # the repair arms share compiled tool blocks across trajectories, harvested from their caches
@@ -382,6 +409,7 @@ def main() -> None:
                 "tools_per_trajectory": tool_counts,
                 "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
                 "call_tokens": args.call_tokens,
+                "questions": "generic" if args.generic_questions else "offered tools",
                 "budgets": list(budgets), "allocator": args.allocator,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)

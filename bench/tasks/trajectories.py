@@ -17,7 +17,10 @@ request and then appends a new user question:
 Edit classes cycle so that every class appears in every trajectory of four or more requests;
 ``tool_pool`` is a list of OpenAI tool dicts (e.g. the GitHub MCP definitions plus the live time
 and git tools), ``results`` maps a tool name to real result texts of that tool (any other tool
-gets one of the pool's texts). Deterministic in ``seed``; no model, no server.
+gets one of the pool's texts). With ``questions`` (a tool name -> requests that tool serves),
+each user turn asks a request for one of the tools that request offers, drawn at random, so a
+model has a call to write; a request offering none of them asks one of :data:`QUESTIONS`, as
+every turn does without ``questions``. Deterministic in ``seed``; no model, no server.
 """
 
 from __future__ import annotations
@@ -141,6 +144,15 @@ def _edit_user(req: Request, rng: random.Random) -> str:
     return f"reworded message {index}"
 
 
+def _question(tools: Sequence[Mapping[str, Any]], questions: Mapping[str, Sequence[str]],
+              rng: random.Random) -> str:
+    """A request for one of ``tools`` that ``questions`` holds some for, else a general one."""
+    askable = [t["function"]["name"] for t in tools if questions.get(t["function"]["name"])]
+    if not askable:
+        return rng.choice(QUESTIONS)
+    return rng.choice(list(questions[rng.choice(askable)]))
+
+
 def make_trajectories(
     tool_pool: Sequence[Mapping[str, Any]],
     results: Mapping[str, Sequence[str]],
@@ -149,6 +161,7 @@ def make_trajectories(
     seed: int = 0,
     tools_per_trajectory: int | Sequence[int] = 6,
     first_appends: int = 2,
+    questions: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Trajectory]:
     """``n`` trajectories of ``requests`` requests each (see the module docstring). The first
     ``first_appends`` edits are appends, so the conversation has depth before other edits.
@@ -161,10 +174,14 @@ def make_trajectories(
     out = []
     for index in range(n):
         rng = random.Random(seed * 1_000_003 + index)
+
+        def ask(tools: Sequence[Mapping[str, Any]], rng: random.Random = rng) -> str:
+            return _question(tools, questions, rng) if questions else rng.choice(QUESTIONS)
+
         count = min(counts[index % len(counts)], len(tool_pool))
         tools = [copy.deepcopy(t) for t in rng.sample(list(tool_pool), count)]
         first = Request([{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": rng.choice(QUESTIONS)}], tools, "first")
+                         {"role": "user", "content": ask(tools)}], tools, "first")
         trajectory = Trajectory(index, [first])
         for step in range(1, requests):
             req = copy.deepcopy(trajectory.requests[-1])
@@ -179,7 +196,7 @@ def make_trajectories(
                 detail = _delete_result(req, rng) or "nothing to delete"
             else:
                 detail = _edit_user(req, rng)
-            req.messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
+            req.messages.append({"role": "user", "content": ask(req.tools)})
             req.edit, req.detail = kind, detail
             trajectory.requests.append(req)
         out.append(trajectory)
