@@ -18,8 +18,9 @@ Edit classes cycle so that every class appears in every trajectory of four or mo
 ``tool_pool`` is a list of OpenAI tool dicts (e.g. the GitHub MCP definitions plus the live time
 and git tools), ``results`` maps a tool name to real result texts of that tool (any other tool
 gets one of the pool's texts). With ``questions`` (a tool name -> requests that tool serves),
-each user turn asks a request for one of the tools that request offers, drawn at random, so a
-model has a call to write; a request offering none of them asks one of :data:`QUESTIONS`, as
+the first tool list holds at least one tool with requests, and each user turn asks a request for
+one of the tools that request offers, drawn at random, so a model has a call to write; a request
+offering none of them (its tool removed by a ``tools`` edit) asks one of :data:`QUESTIONS`, as
 every turn does without ``questions``. Deterministic in ``seed``; no model, no server.
 """
 
@@ -153,6 +154,20 @@ def _question(tools: Sequence[Mapping[str, Any]], questions: Mapping[str, Sequen
     return rng.choice(list(questions[rng.choice(askable)]))
 
 
+def _first_tools(pool: Sequence[Mapping[str, Any]], count: int,
+                 questions: Mapping[str, Sequence[str]] | None, rng: random.Random
+                 ) -> list[Mapping[str, Any]]:
+    """``count`` tools of ``pool`` at random; with ``questions``, one of them a tool it holds
+    requests for (an agent is offered the tool it is asked about), at a random place."""
+    askable = [t for t in pool if questions and questions.get(t["function"]["name"])]
+    if not askable:
+        return rng.sample(list(pool), count)
+    asked = rng.choice(askable)
+    tools = rng.sample([t for t in pool if t is not asked], count - 1)
+    tools.insert(rng.randrange(count), asked)
+    return tools
+
+
 def make_trajectories(
     tool_pool: Sequence[Mapping[str, Any]],
     results: Mapping[str, Sequence[str]],
@@ -179,7 +194,7 @@ def make_trajectories(
             return _question(tools, questions, rng) if questions else rng.choice(QUESTIONS)
 
         count = min(counts[index % len(counts)], len(tool_pool))
-        tools = [copy.deepcopy(t) for t in rng.sample(list(tool_pool), count)]
+        tools = [copy.deepcopy(t) for t in _first_tools(tool_pool, count, questions, rng)]
         first = Request([{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": ask(tools)}], tools, "first")
         trajectory = Trajectory(index, [first])
