@@ -70,6 +70,7 @@ from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, intended_calls, parse_tool_calls
 from nexus_mlx.metrics import next_token_kl
+from routing_eval import GITHUB_QUERIES
 
 BASE_ARMS = ("reprefill", "prefix", "exact")
 DEFAULT_BUDGETS = (2.0, 5.0)
@@ -81,7 +82,6 @@ CALL_STARTS = ("{", "```", CALL_OPEN)
 
 # ---------------------------------------------------------------------------- tools and results
 
-GITHUB_QUERIES = Path(__file__).resolve().parent / "github_queries.jsonl"
 COMMIT_DATES = ("2025-03-14T01:12:00+00:00", "2025-03-14T04:37:00+00:00",
                 "2025-03-14T06:48:00+00:00")  # fixed, far from any run's "now"
 
@@ -382,12 +382,12 @@ def main() -> None:
                                   reply, args.call_tokens)
                     for name in order}
             ref = runs["reprefill"]
-            ref_call = first_call(tokenizer.decode(ref["tokens"]), names)
+            calls = {name: first_call(tokenizer.decode(run["tokens"]), names)
+                     for name, run in runs.items()}
             row = {"trajectory": trajectory.index, "request": r, "edit": request.edit,
                    "detail": request.detail, "depth": int(ids.size),
                    "load": os.getloadavg()[0], "arms": {}}
             for name, run in runs.items():
-                call = first_call(tokenizer.decode(run["tokens"]), names)
                 extra = {k: run[k] for k in ("reason", "repaired", "stale", "from_blocks",
                                              "timings", "heal_ms", "healed") if k in run}
                 row["arms"][name] = {
@@ -395,9 +395,10 @@ def main() -> None:
                     "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
                     "kl": next_token_kl(ref["first_logits"], run["first_logits"]),
                     "agree16": run["tokens"][:16] == ref["tokens"][:16],
-                    "call": None if call is None else [call.name, call.arguments],
-                    "calls_identical": None if call is None and ref_call is None
-                    else call == ref_call}
+                    "call": None if calls[name] is None else [calls[name].name,
+                                                              calls[name].arguments],
+                    "calls_identical": None if calls[name] is None and calls["reprefill"] is None
+                    else calls[name] == calls["reprefill"]}
             records.append(row)
             print(f"traj {trajectory.index} req {r} {request.edit:>6} depth {ids.size:>5}: " +
                   "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in arm_names),

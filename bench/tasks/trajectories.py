@@ -145,10 +145,11 @@ def _edit_user(req: Request, rng: random.Random) -> str:
     return f"reworded message {index}"
 
 
-def _question(tools: Sequence[Mapping[str, Any]], questions: Mapping[str, Sequence[str]],
+def _question(tools: Sequence[Mapping[str, Any]], questions: Mapping[str, Sequence[str]] | None,
               rng: random.Random) -> str:
     """A request for one of ``tools`` that ``questions`` holds some for, else a general one."""
-    askable = [t["function"]["name"] for t in tools if questions.get(t["function"]["name"])]
+    askable = [t["function"]["name"] for t in tools
+               if questions and questions.get(t["function"]["name"])]
     if not askable:
         return rng.choice(QUESTIONS)
     return rng.choice(list(questions[rng.choice(askable)]))
@@ -189,14 +190,11 @@ def make_trajectories(
     out = []
     for index in range(n):
         rng = random.Random(seed * 1_000_003 + index)
-
-        def ask(tools: Sequence[Mapping[str, Any]], rng: random.Random = rng) -> str:
-            return _question(tools, questions, rng) if questions else rng.choice(QUESTIONS)
-
         count = min(counts[index % len(counts)], len(tool_pool))
         tools = [copy.deepcopy(t) for t in _first_tools(tool_pool, count, questions, rng)]
         first = Request([{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": ask(tools)}], tools, "first")
+                         {"role": "user", "content": _question(tools, questions, rng)}],
+                        tools, "first")
         trajectory = Trajectory(index, [first])
         for step in range(1, requests):
             req = copy.deepcopy(trajectory.requests[-1])
@@ -211,7 +209,7 @@ def make_trajectories(
                 detail = _delete_result(req, rng) or "nothing to delete"
             else:
                 detail = _edit_user(req, rng)
-            req.messages.append({"role": "user", "content": ask(req.tools)})
+            req.messages.append({"role": "user", "content": _question(req.tools, questions, rng)})
             req.edit, req.detail = kind, detail
             trajectory.requests.append(req)
         out.append(trajectory)
