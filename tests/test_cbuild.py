@@ -45,3 +45,20 @@ def test_missing_source_and_missing_compiler(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(_cbuild.shutil, "which", lambda name: None)
     with pytest.raises(_cbuild.BuildError, match="no C compiler"):
         _cbuild.build_shared_library(src, "ok", FLAGS, folder=tmp_path / "out")
+
+
+def test_an_edited_local_header_gets_a_new_build(tmp_path: Path) -> None:
+    """The cache key covers the headers a source includes with quotes from its folder (the
+    attention kernels share simd_exp.h), not system headers."""
+    header = tmp_path / "step.h"
+    header.write_text("#define STEP 1\n")
+    src = tmp_path / "inc.c"
+    src.write_text('#include <stddef.h>\n#include "step.h"\nint nexus_inc(int a) { return a + STEP; }\n')
+    lib = _cbuild.build_shared_library(src, "inc", FLAGS, folder=tmp_path / "out")
+    assert ctypes.CDLL(str(lib)).nexus_inc(1) == 2
+    header.write_text("#define STEP 5\n")
+    rebuilt = _cbuild.build_shared_library(src, "inc", FLAGS, folder=tmp_path / "out")
+    assert rebuilt != lib and ctypes.CDLL(str(rebuilt)).nexus_inc(1) == 6
+    header.unlink()
+    with pytest.raises(_cbuild.BuildError, match="cannot read the source"):
+        _cbuild.build_shared_library(src, "inc", FLAGS, folder=tmp_path / "out")

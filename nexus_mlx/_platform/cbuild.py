@@ -1,17 +1,19 @@
 """Compile one C source file into a shared library in the user cache, keyed by its content.
 
 Contract: :func:`build_shared_library` returns the path of ``<folder>/<stem>-<digest>.so``,
-compiling it only if it is not there yet (``digest`` = first 16 hex digits of the source's
-SHA-256, so an edited source gets a new file). The file appears atomically (written under a
-temporary name, then renamed), so concurrent processes never load a partial library. Failures
-raise :class:`BuildError` with one readable sentence. It never imports mlx: the BLAS shim is
-built with it before ``mlx.core`` may be loaded. It knows nothing about what the library does.
+compiling it only if it is not there yet (``digest`` = first 16 hex digits of the SHA-256 of
+the source and its local headers, so an edited source or header gets a new file). The file
+appears atomically (written under a temporary name, then renamed), so concurrent processes never
+load a partial library. Failures raise :class:`BuildError` with one readable sentence. It never
+imports mlx: the BLAS shim is built with it before ``mlx.core`` may be loaded. It knows nothing
+about what the library does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nexus_mlx.errors import BuildError
+
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]+"([^"/]+)"', re.MULTILINE)
 
 
 def cache_dir() -> Path:
@@ -28,8 +32,14 @@ def cache_dir() -> Path:
 
 
 def source_digest(source: Path) -> str:
-    """First 16 hex digits of the SHA-256 of ``source`` (raises ``OSError`` if unreadable)."""
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
+    """First 16 hex digits of the SHA-256 of ``source`` and of the headers it includes with
+    quotes from its own folder, in order (raises ``OSError`` if one is unreadable)."""
+    source = Path(source)
+    text = source.read_bytes()
+    digest = hashlib.sha256(text)
+    for name in _LOCAL_INCLUDE.findall(text):
+        digest.update((source.parent / name.decode()).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def find_compiler(compiler: str | None = None) -> str:

@@ -23,9 +23,8 @@
  *   m_r = max over visible j of scores[r, j]
  *   out[r, j] = visible ? exp(scores[r, j] - m_r) / sum_visible exp(scores[r, i] - m_r) : 0
  *   A row with no visible key becomes all NaN (as softmax of only -inf does).
- * exp: the SIMD paths use a Cody-Waite reduction and the degree-5 Cephes expf polynomial
- * (within 1e-7 relative of exp over [-87, 0]); arguments below -87 give exactly 0 (their true
- * value is below 2e-38, under a float32 sum's resolution). The scalar path calls expf. The sum
+ * exp: the SIMD paths use the polynomial of simd_exp.h (within 1e-7 relative of exp over
+ * [-87, 0]; below -87 exactly 0); the scalar path calls expf. The sum
  * is accumulated in float32 lanes, as MLX's precise softmax does in float32.
  *
  * Threads: rows are split into contiguous shares over at most `threads` POSIX threads (the
@@ -42,6 +41,8 @@
 #define NEXUS_PS_X86 1
 #include <immintrin.h>
 #endif
+
+#include "simd_exp.h"
 
 #if defined(_WIN32)
 #define NEXUS_API __declspec(dllexport)
@@ -95,39 +96,8 @@ static void row_scalar(float *row, int64_t n, int32_t q, const int32_t *kpos, in
   for (int64_t j = 0; j < n; ++j) row[j] *= inv;
 }
 
-/* ---- the exp polynomial (shared constants) -------------------------------------------------- */
-#define PS_LOG2E 1.44269504088896341f
-#define PS_LN2_HI 0.693359375f
-#define PS_LN2_LO -2.12194440e-4f
-#define PS_P0 1.9875691500e-4f
-#define PS_P1 1.3981999507e-3f
-#define PS_P2 8.3334519073e-3f
-#define PS_P3 4.1665795894e-2f
-#define PS_P4 1.6666665459e-1f
-#define PS_P5 5.0000001201e-1f
-#define PS_LOW -87.0f
-
 #if defined(NEXUS_PS_X86)
 /* ---- AVX-512F ----------------------------------------------------------------------------- */
-#define PS_AVX512 __attribute__((target("avx512f")))
-
-PS_AVX512 static inline __m512 exp512(__m512 x) { /* x <= 0 */
-  __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(PS_LOW), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(PS_LOW));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(PS_LOG2E)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(PS_LN2_HI), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(PS_LN2_LO), r);
-  __m512 p = _mm512_set1_ps(PS_P0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PS_P1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PS_P2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PS_P3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PS_P4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PS_P5));
-  __m512 r2 = _mm512_mul_ps(r, r);
-  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
-}
 
 PS_AVX512 static inline __mmask16 vis512(__m512i q, const int32_t *kpos, __mmask16 lanes,
                                          __m512i w, int windowed) {
@@ -171,26 +141,6 @@ PS_AVX512 static void row_avx512(float *row, int64_t n, int32_t q, const int32_t
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------------------------- */
-#define PS_AVX2 __attribute__((target("avx2,fma")))
-
-PS_AVX2 static inline __m256 exp256(__m256 x) { /* x <= 0 */
-  __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(PS_LOW), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(PS_LOW));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(PS_LOG2E)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PS_LN2_HI), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PS_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(PS_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PS_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PS_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PS_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PS_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PS_P5));
-  __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
 
 PS_AVX2 static inline __m256 vis256(__m256i q, const int32_t *kpos, __m256i w, int windowed) {
   __m256i d = _mm256_sub_epi32(q, _mm256_loadu_si256((const __m256i *)kpos));
