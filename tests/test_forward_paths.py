@@ -1,7 +1,8 @@
 """Equivalence oracles for the forward pass's fast paths: every attention path (fused SDPA with a
-causal/none/boolean mask, the native position softmax, the explicit reference) and the chunked,
-row-limited, pipelined forward give the explicit reference's results within 1e-4 (fp32), on
-random positions and rows, GQA groupings, windows, soft-caps, V layouts and a real model."""
+causal/none/boolean mask, the blocked native attention, the native position softmax, the
+explicit reference) and the chunked, row-limited, pipelined forward give the explicit
+reference's results within 1e-4 (fp32), on random positions and rows, GQA groupings, windows,
+soft-caps, V layouts and a real model."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 from nexus_mlx.errors import ArgumentError, TokenError
-from nexus_mlx.kernels import cpu_exp, position_softmax
+from nexus_mlx.kernels import cpu_exp, position_attention, position_softmax
 from nexus_mlx.kv.rope import RopeSpec
 from nexus_mlx.models import attention
 from nexus_mlx.models.arch import LayerPlan
@@ -60,11 +61,17 @@ def test_attention_paths_equal_the_reference(heads, kv_heads, t, n, window, soft
     assert _diff(fast, ref) <= TOL
 
 
-def test_cpu_float32_takes_the_positional_path_and_decode_stays_lazy():
+def test_cpu_float32_takes_the_native_paths_and_decode_stays_lazy():
     if not position_softmax.kernel_applies(mx.float32):
         pytest.skip(position_softmax.native_status().reason)
     q = mx.zeros((1, 4, 3, 16))
-    assert attention.attention_path(q, _layer(), "row", False, True) == "positional"
+    blocked = position_attention.kernel_applies(mx.float32, 16)
+    assert attention.attention_path(q, _layer(), "row", False, True) == (
+        "blocked" if blocked else "positional")
+    # what the blocked kernel does not do: soft-caps, transposed V, probabilities
+    assert attention.attention_path(q, _layer(softcap=5.0), "row", False, True) == "positional"
+    assert attention.attention_path(q, _layer(), "transposed", False, True) == "positional"
+    assert attention.attention_path(q, _layer(), "row", True, True) == "positional"
     assert attention.attention_path(q[:, :, :1], _layer(), "row", False, True) == "explicit"
     assert attention.attention_path(q, _layer(), "row", False, False) == "explicit"
 
@@ -178,8 +185,10 @@ def test_profile_times_every_stage_of_every_layer():
     assert _diff(out, plain) <= 1e-6
     report = prof.as_dict()
     assert report["calls"] == 1 and len(report["layers_ms"]) == 2
-    for stage in ("embed", "qkv", "rope", "write", "scores", "softmax", "pv", "o_proj", "mlp",
-                  "head"):
+    q = mx.zeros((1, 4, 4, 16))
+    blocked = attention.attention_path(q, _layer(), "row", False, True) == "blocked"
+    attention_stages = ("attention",) if blocked else ("scores", "softmax", "pv")
+    for stage in ("embed", "qkv", "rope", "write", *attention_stages, "o_proj", "mlp", "head"):
         assert report["stages_ms"][stage] >= 0.0
     assert report["total_ms"] > 0
 

@@ -7,16 +7,22 @@ iff ``0 <= keys.query_pos[t] - keys.key_pos[j]`` (and ``< layer.window`` on slid
 layers), with the layer's scale and logit soft-cap. ``H`` is a multiple of ``Hkv``: the queries
 of a group share their K/V head, never repeated in memory (queries are regrouped to ``(1, Hkv,
 G * T, D)`` instead). It returns ``(out (1, H, T, D), probs (1, H, T, N) or None)``; the
-probabilities only when asked (``want_probs``). Three paths, equal within float32 rounding:
+probabilities only when asked (``want_probs``). Four paths, equal within float32 rounding:
 
 - ``fused``: ``mx.fast.scaled_dot_product_attention`` with native GQA, used where MLX has a fast
   exp (the GPU, or dtypes the CPU kernels do not cover), without a soft-cap, for row-layout V,
   when no probabilities are asked. Its mask is ``"causal"`` when the queries are the last ``T`` of
   rows whose positions are ``0 .. N-1`` in row order (a plain append; no window shorter than
   ``N``), none when every key is visible, else one boolean mask built once per call and window.
-- ``positional`` (float32 on the CPU, at least two queries): two grouped GEMMs around the native
-  in-place softmax of :mod:`~nexus_mlx.kernels.position_softmax`, which applies the position rule
-  itself: no mask tensor exists. It evaluates the scores (a sync point per layer).
+- ``blocked`` (float32 on an AVX-512 CPU, at least two queries, no soft-cap, row-layout V, no
+  probabilities asked): the native kernel of :mod:`~nexus_mlx.kernels.position_attention`, which
+  walks 64-key blocks with an online softmax and the position rule built in: no score matrix and
+  no mask tensor exist, and blocks no query can see are skipped. It evaluates its inputs (a sync
+  point per layer).
+- ``positional`` (float32 on the CPU, at least two queries, where ``blocked`` does not apply):
+  two grouped GEMMs around the native in-place softmax of
+  :mod:`~nexus_mlx.kernels.position_softmax`, which applies the position rule itself: no mask
+  tensor exists. It evaluates the scores (a sync point per layer).
 - ``explicit`` (the reference, and decode steps on the CPU, which stay lazy): grouped GEMMs, the
   boolean mask via ``mx.where``, and :func:`~nexus_mlx.kernels.cpu_exp.softmax`.
 
@@ -33,10 +39,10 @@ from typing import Literal
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.kernels import cpu_exp, position_softmax
+from nexus_mlx.kernels import cpu_exp, position_attention, position_softmax
 from nexus_mlx.models.arch import LayerPlan
 
-AttentionPath = Literal["fused", "positional", "explicit"]
+AttentionPath = Literal["fused", "blocked", "positional", "explicit"]
 MIN_POSITIONAL_QUERIES = 2  # single-token decode steps stay lazy (pipelined by the caller)
 
 
@@ -83,7 +89,12 @@ def attention_path(
     cpu_f32 = cpu_exp.kernel_applies(q.dtype)
     if not cpu_f32 and layer.softcap is None and v_layout == "row" and not want_probs:
         return "fused"
-    if q.shape[2] >= MIN_POSITIONAL_QUERIES and position_softmax.kernel_applies(q.dtype):
+    if q.shape[2] < MIN_POSITIONAL_QUERIES:
+        return "explicit"
+    plain = layer.softcap is None and v_layout == "row" and not want_probs
+    if plain and position_attention.kernel_applies(q.dtype, int(q.shape[-1])):
+        return "blocked"
+    if position_softmax.kernel_applies(q.dtype):
         return "positional"
     return "explicit"
 
@@ -101,7 +112,7 @@ def attend(
 ) -> tuple[mx.array, mx.array | None]:
     """Attention of ``q (1, H, T, D)`` over ``k``/``v`` by position; see the module docstring.
     ``mark(stage, array)``, when given, is called where ``scores``, ``softmax`` and ``pv`` end
-    (a profiling boundary)."""
+    (``attention`` on the blocked path; a profiling boundary)."""
     mark = mark or _no_mark
     path = attention_path(q, layer, v_layout, want_probs, use_kernel)
     if path == "fused":
@@ -112,6 +123,12 @@ def attend(
     _, n_heads, t, d = q.shape
     n_kv, n = k.shape[1], k.shape[2]
     group = n_heads // n_kv
+    if path == "blocked":
+        out = position_attention.position_attention_kernel(
+            q.reshape(1, n_kv, group * t, d), k, v, keys.query_pos, keys.key_pos, layer.scale,
+            layer.window).reshape(1, n_heads, t, d)  # (1, H, T, D)
+        mark("attention", out)
+        return out, None
     grouped = (q * layer.scale).reshape(1, n_kv, group * t, d)  # (1, Hkv, G*T, D)
     scores = grouped @ k.swapaxes(-1, -2)  # (1, Hkv, G*T, N)
     if layer.softcap is not None:

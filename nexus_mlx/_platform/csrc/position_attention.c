@@ -1,0 +1,418 @@
+/* position_attention.c -- attention masked by absolute position in one fused, blocked pass for
+ * the CPU forward pass: scores, softmax and the value product per block of 64 keys, with an
+ * online softmax, so the (rows x keys) score matrix never exists in memory.
+ *
+ * Why: over thousands of keys the unfused path (a scores GEMM, the in-place softmax of
+ * position_softmax.c, a PV GEMM) streams a score matrix of rows x keys floats through memory
+ * three times and synchronises between the three steps; a packed refresh of 64 rows at N = 8,000
+ * spent 262 of its 381 ms there. Here each 4-row panel of queries walks the key blocks with its
+ * scores in L1, and skips the blocks no row of the panel can see (keys after every query, or
+ * outside every query's window).
+ *
+ * A plain shared library (no Python API), loaded with ctypes by
+ * nexus_mlx/kernels/position_attention.py. One binary holds every path; the caller picks one at
+ * run time (nexus_pa_best_isa() names the fastest this CPU supports):
+ *
+ *   NEXUS_PA_SCALAR   portable C, libm expf, one row at a time (the slow reference path)
+ *   NEXUS_PA_AVX512   x86-64 AVX-512F, 4-row panels x 64-key blocks; head_dim % 16 == 0
+ *
+ * Layout contract (checked by the Python wrapper; float32 throughout, last axes contiguous):
+ *   q    (hkv, rows, d), head stride q_hs, row stride d. Row r of a head holds query r % t (the
+ *        layout of grouped-query attention: (Hkv, G * T, D)).
+ *   k, v (hkv, n, d), head strides k_hs / v_hs, row strides k_rs / v_rs (a view into a larger
+ *        cache storage is fine).
+ *   out  (hkv, rows, d), contiguous.
+ *   qpos (t,) and kpos (n,) int32 positions in [0, 2^31 - 1]; window > 0 a sliding window, <= 0
+ *        none; scale multiplies every score.
+ *
+ * Specification (kernels/position_attention.py's MLX reference computes the same):
+ *   visible(r, j) = dd >= 0 and (window <= 0 or dd < window),  dd = qpos[r % t] - kpos[j]
+ *   s[r, j]  = scale * sum_x q[r, x] k[j, x]
+ *   p[r, j]  = visible ? exp(s[r, j] - max_visible s[r, :]) / sum_visible exp(...) : 0
+ *   out[r]   = sum_j p[r, j] v[j]       (a row that sees no key is all NaN, as its softmax is)
+ * The AVX-512 path computes the same sums in another order (online softmax: a running maximum,
+ * the partial sums rescaled by exp(m_old - m_new)), so results agree within float32 rounding.
+ *
+ * Threads: the caller's thread and at most threads - 1 POSIX threads share the work in
+ * contiguous slices once a call holds at least NEXUS_PA_PARALLEL multiply-adds: first the key
+ * blocks' transposition, then the (head, panel) pairs.
+ */
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define NEXUS_PA_X86 1
+#include <immintrin.h>
+#endif
+
+#include "simd_exp.h"
+
+#if defined(_WIN32)
+#define NEXUS_API __declspec(dllexport)
+#else
+#define NEXUS_API __attribute__((visibility("default")))
+#endif
+
+#ifndef NEXUS_PA_SOURCE_ID
+#define NEXUS_PA_SOURCE_ID "unknown"
+#endif
+
+#define NEXUS_PA_ABI 1
+#define NEXUS_PA_MAX_THREADS 16
+#define NEXUS_PA_PARALLEL (1 << 18) /* multiply-adds per call before a second thread pays off */
+#define KB 64                       /* keys per block */
+#define PR 4                        /* query rows per panel */
+#define MAX_D 512                   /* head_dim bound of the panel buffers */
+
+enum { NEXUS_PA_SCALAR = 0, NEXUS_PA_AVX512 = 1, NEXUS_PA_N_ISA = 2 };
+enum { NEXUS_PA_OK = 0, NEXUS_PA_EBADARG = -1, NEXUS_PA_EISA = -2, NEXUS_PA_ENOMEM = -3 };
+
+static const char *const isa_names[NEXUS_PA_N_ISA] = {"scalar", "avx512"};
+
+typedef struct {
+  const float *q, *k, *v;
+  float *out;
+  int64_t q_hs, k_hs, k_rs, v_hs, v_rs;
+  int64_t hkv, rows, t, n, d;
+  const int32_t *qpos, *kpos;
+  int32_t window;
+  float scale;
+  /* AVX-512 path: per block the smallest / largest key position and the transposed keys */
+  int64_t n_blocks;
+  const int32_t *block_min, *block_max;
+  float *kt; /* (hkv, n_blocks, d, KB) */
+} pa_call;
+
+typedef void (*task_fn)(const pa_call *call, int64_t task);
+
+static inline int visible(int32_t q, int32_t k, int32_t window) {
+  int32_t dd = q - k;
+  return dd >= 0 && (window <= 0 || dd < window);
+}
+
+/* ---- scalar: one row at a time over a scratch row of n scores ------------------------------ */
+static void row_scalar(const pa_call *c, int64_t h, int64_t r, float *s) {
+  const float *q = c->q + h * c->q_hs + r * c->d;
+  const int32_t qp = c->qpos[r % c->t];
+  float *o = c->out + (h * c->rows + r) * c->d;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < c->n; ++j) {
+    s[j] = -INFINITY;
+    if (!visible(qp, c->kpos[j], c->window)) continue;
+    const float *k = c->k + h * c->k_hs + j * c->k_rs;
+    float acc = 0.0f;
+    for (int64_t x = 0; x < c->d; ++x) acc += q[x] * k[x];
+    s[j] = acc * c->scale;
+    if (s[j] > m) m = s[j];
+  }
+  for (int64_t x = 0; x < c->d; ++x) o[x] = 0.0f;
+  if (m == -INFINITY) {
+    for (int64_t x = 0; x < c->d; ++x) o[x] = NAN;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < c->n; ++j) {
+    if (s[j] == -INFINITY) continue;
+    float e = expf(s[j] - m);
+    sum += e;
+    const float *v = c->v + h * c->v_hs + j * c->v_rs;
+    for (int64_t x = 0; x < c->d; ++x) o[x] += e * v[x];
+  }
+  for (int64_t x = 0; x < c->d; ++x) o[x] /= sum;
+}
+
+#if defined(NEXUS_PA_X86)
+/* ---- AVX-512F ----------------------------------------------------------------------------- */
+
+/* kt[x * KB + j] = k[j * k_rs + x] for the nk keys of one block; zero past nk. */
+static void transpose_block(const float *k, int64_t k_rs, int64_t nk, int64_t d, float *kt) {
+  for (int64_t x = 0; x < d; ++x) {
+    float *dst = kt + x * KB;
+    int64_t j = 0;
+    for (; j < nk; ++j) dst[j] = k[j * k_rs + x];
+    for (; j < KB; ++j) dst[j] = 0.0f;
+  }
+}
+
+/* s[r * KB + j] = sum_x q[r * d + x] * kt[x * KB + j]: a 4 x 64 panel in 16 accumulators. */
+PS_AVX512 static void panel_scores(const float *q, int64_t d, const float *kt, float *s) {
+  __m512 a[PR][4];
+  for (int r = 0; r < PR; ++r)
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t x = 0; x < d; ++x) {
+    const float *row = kt + x * KB;
+    const __m512 k0 = _mm512_loadu_ps(row), k1 = _mm512_loadu_ps(row + 16);
+    const __m512 k2 = _mm512_loadu_ps(row + 32), k3 = _mm512_loadu_ps(row + 48);
+    for (int r = 0; r < PR; ++r) {
+      const __m512 b = _mm512_set1_ps(q[r * d + x]);
+      a[r][0] = _mm512_fmadd_ps(b, k0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(b, k1, a[r][1]);
+      a[r][2] = _mm512_fmadd_ps(b, k2, a[r][2]);
+      a[r][3] = _mm512_fmadd_ps(b, k3, a[r][3]);
+    }
+  }
+  for (int r = 0; r < PR; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * KB + 16 * c, a[r][c]);
+}
+
+/* o[r * d + x] += sum_{j < nk} p[r * KB + j] * v[j * v_rs + x] (d % 16 == 0): 64 columns of o
+ * at a time in 16 accumulators, then 16 at a time for the rest. */
+PS_AVX512 static void panel_values(const float *p, const float *v, int64_t v_rs, int64_t nk,
+                                   int64_t d, float *o) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) {
+    __m512 a[PR][4];
+    for (int r = 0; r < PR; ++r)
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_loadu_ps(o + r * d + c0 + 16 * c);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float *row = v + j * v_rs + c0;
+      const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16);
+      const __m512 v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
+      for (int r = 0; r < PR; ++r) {
+        const __m512 b = _mm512_set1_ps(p[r * KB + j]);
+        a[r][0] = _mm512_fmadd_ps(b, v0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(b, v1, a[r][1]);
+        a[r][2] = _mm512_fmadd_ps(b, v2, a[r][2]);
+        a[r][3] = _mm512_fmadd_ps(b, v3, a[r][3]);
+      }
+    }
+    for (int r = 0; r < PR; ++r)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + r * d + c0 + 16 * c, a[r][c]);
+  }
+  for (; c0 < d; c0 += 16) {
+    for (int r = 0; r < PR; ++r) {
+      __m512 a = _mm512_loadu_ps(o + r * d + c0);
+      for (int64_t j = 0; j < nk; ++j)
+        a = _mm512_fmadd_ps(_mm512_set1_ps(p[r * KB + j]), _mm512_loadu_ps(v + j * v_rs + c0), a);
+      _mm512_storeu_ps(o + r * d + c0, a);
+    }
+  }
+}
+
+/* One panel row's online-softmax step over a block: mask, new running maximum, probabilities
+ * written over the scores, running sum and output rescaled. `all` skips the mask (every key of
+ * the block visible to the whole panel). */
+PS_AVX512 static void panel_row_softmax(const pa_call *c, int64_t j0, int64_t nk, int all,
+                                        int32_t qp, float *s, float *m, float *l, float *o) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  const __m512i vq = _mm512_set1_epi32(qp), vw = _mm512_set1_epi32(c->window);
+  __mmask16 ok[4];
+  __m512 top = ninf;
+  for (int x = 0; x < 4; ++x) {
+    int64_t left = nk - 16 * x;
+    __mmask16 lanes = left >= 16 ? (__mmask16)0xFFFF
+                                 : (left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0);
+    if (all) {
+      ok[x] = lanes;
+    } else {
+      __m512i dd = _mm512_sub_epi32(vq, _mm512_maskz_loadu_epi32(lanes, c->kpos + j0 + 16 * x));
+      ok[x] = _mm512_mask_cmpge_epi32_mask(lanes, dd, _mm512_setzero_si512());
+      if (c->window > 0) ok[x] = _mm512_mask_cmplt_epi32_mask(ok[x], dd, vw);
+    }
+    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(ninf, ok[x], s + 16 * x));
+  }
+  const float block_max = _mm512_reduce_max_ps(top);
+  const float m_new = block_max > *m ? block_max : *m;
+  if (m_new == -INFINITY) { /* nothing visible yet: this block adds nothing */
+    memset(s, 0, sizeof(float) * KB);
+    return;
+  }
+  const __m512 vm = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int x = 0; x < 4; ++x) {
+    __m512 arg = _mm512_sub_ps(_mm512_mask_loadu_ps(ninf, ok[x], s + 16 * x), vm);
+    __m512 e = _mm512_maskz_mov_ps(ok[x], exp512(_mm512_min_ps(arg, _mm512_setzero_ps())));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_storeu_ps(s + 16 * x, e);
+  }
+  const float alpha = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+  *l = *l * alpha + _mm512_reduce_add_ps(sum);
+  *m = m_new;
+  if (alpha != 1.0f) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int64_t x = 0; x < c->d; x += 16)
+      _mm512_storeu_ps(o + x, _mm512_mul_ps(_mm512_loadu_ps(o + x), va));
+  }
+}
+
+/* The rows [r0, r0 + PR) of head h (fewer at the end: the panel repeats row r0 and drops it). */
+PS_AVX512 static void panel_avx512(const pa_call *c, int64_t task) {
+  const int64_t panels = (c->rows + PR - 1) / PR, h = task / panels, r0 = (task % panels) * PR;
+  const int64_t d = c->d, nr = c->rows - r0 < PR ? c->rows - r0 : PR;
+  float q[PR * MAX_D] __attribute__((aligned(64)));
+  float o[PR * MAX_D] __attribute__((aligned(64)));
+  float s[PR * KB] __attribute__((aligned(64)));
+  float m[PR], l[PR];
+  int32_t qp[PR], q_lo = INT32_MAX, q_hi = INT32_MIN;
+  for (int r = 0; r < PR; ++r) {
+    const int64_t row = r0 + (r < nr ? r : 0);
+    const float *src = c->q + h * c->q_hs + row * d;
+    for (int64_t x = 0; x < d; ++x) q[r * d + x] = src[x] * c->scale;
+    qp[r] = c->qpos[row % c->t];
+    q_lo = qp[r] < q_lo ? qp[r] : q_lo;
+    q_hi = qp[r] > q_hi ? qp[r] : q_hi;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+  memset(o, 0, sizeof(float) * PR * d);
+  const float *kt = c->kt + h * c->n_blocks * d * KB;
+  for (int64_t b = 0; b < c->n_blocks; ++b) {
+    const int32_t k_lo = c->block_min[b], k_hi = c->block_max[b];
+    if (k_lo > q_hi) continue;                                         /* after every query */
+    if (c->window > 0 && (int64_t)q_lo - k_hi >= c->window) continue; /* outside every window */
+    const int64_t j0 = b * KB, nk = c->n - j0 < KB ? c->n - j0 : KB;
+    const int all = k_hi <= q_lo && (c->window <= 0 || (int64_t)q_hi - k_lo < c->window);
+    panel_scores(q, d, kt + b * d * KB, s);
+    for (int r = 0; r < PR; ++r)
+      panel_row_softmax(c, j0, nk, all, qp[r], s + r * KB, &m[r], &l[r], o + r * d);
+    panel_values(s, c->v + h * c->v_hs + j0 * c->v_rs, c->v_rs, nk, d, o);
+  }
+  for (int r = 0; r < nr; ++r) {
+    float *dst = c->out + (h * c->rows + r0 + r) * d;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : NAN;
+    for (int64_t x = 0; x < d; ++x) dst[x] = o[r * d + x] * inv;
+  }
+}
+
+static void transpose_task(const pa_call *c, int64_t task) {
+  const int64_t h = task / c->n_blocks, b = task % c->n_blocks;
+  const int64_t nk = c->n - b * KB < KB ? c->n - b * KB : KB;
+  transpose_block(c->k + h * c->k_hs + b * KB * c->k_rs, c->k_rs, nk, c->d,
+                  c->kt + (h * c->n_blocks + b) * c->d * KB);
+}
+#endif /* x86-64 */
+
+static void scalar_task(const pa_call *c, int64_t task) {
+  float *s = (float *)malloc(sizeof(float) * (size_t)c->n);
+  if (s == NULL) return; /* the caller checked an allocation of this size moments ago */
+  row_scalar(c, task / c->rows, task % c->rows, s);
+  free(s);
+}
+
+/* ---- threads ------------------------------------------------------------------------------ */
+typedef struct {
+  const pa_call *call;
+  task_fn fn;
+  int64_t task0, task1;
+} pa_share;
+
+static void *run_share(void *arg) {
+  const pa_share *share = (const pa_share *)arg;
+  for (int64_t task = share->task0; task < share->task1; ++task) share->fn(share->call, task);
+  return NULL;
+}
+
+/* Tasks [0, n_tasks) over `threads` contiguous shares; the caller's thread runs the first. */
+static void run_tasks(const pa_call *call, task_fn fn, int64_t n_tasks, int threads) {
+  if (threads > NEXUS_PA_MAX_THREADS) threads = NEXUS_PA_MAX_THREADS;
+  if (threads > n_tasks) threads = (int)n_tasks;
+  if (threads < 1) threads = 1;
+  pa_share shares[NEXUS_PA_MAX_THREADS];
+  pthread_t ids[NEXUS_PA_MAX_THREADS];
+  int started[NEXUS_PA_MAX_THREADS] = {0};
+  for (int i = 0; i < threads; ++i) {
+    pa_share share = {call, fn, n_tasks * i / threads, n_tasks * (i + 1) / threads};
+    shares[i] = share;
+  }
+  for (int i = 1; i < threads; ++i) {
+    started[i] = pthread_create(&ids[i], NULL, run_share, &shares[i]) == 0;
+    if (!started[i]) run_share(&shares[i]); /* no thread: do the share here */
+  }
+  run_share(&shares[0]);
+  for (int i = 1; i < threads; ++i)
+    if (started[i]) pthread_join(ids[i], NULL);
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+static int cpu_supports(int isa) {
+  switch (isa) {
+    case NEXUS_PA_SCALAR:
+      return 1;
+#if defined(NEXUS_PA_X86)
+    case NEXUS_PA_AVX512:
+      return __builtin_cpu_supports("avx512f") ? 1 : 0;
+#endif
+    default:
+      return 0;
+  }
+}
+
+NEXUS_API int nexus_pa_abi_version(void) { return NEXUS_PA_ABI; }
+NEXUS_API const char *nexus_pa_source_id(void) { return NEXUS_PA_SOURCE_ID; }
+NEXUS_API int nexus_pa_isa_available(int isa) {
+  return isa >= 0 && isa < NEXUS_PA_N_ISA && cpu_supports(isa);
+}
+NEXUS_API int nexus_pa_best_isa(void) {
+  return cpu_supports(NEXUS_PA_AVX512) ? NEXUS_PA_AVX512 : NEXUS_PA_SCALAR;
+}
+/* Whether `isa` runs head_dim d (the AVX-512 panels need d % 16 == 0 and d <= MAX_D). */
+NEXUS_API int nexus_pa_supports_head_dim(int isa, int64_t d) {
+  if (d < 1) return 0;
+  return isa == NEXUS_PA_SCALAR || (d % 16 == 0 && d <= MAX_D);
+}
+
+/* Attention of every row (see the specification above) into `out`. isa < 0 picks the fastest
+ * available. Returns NEXUS_PA_OK or a negative error code; on an error `out` is untouched. */
+NEXUS_API int nexus_pa_attention(int isa, const float *q, int64_t q_hs, const float *k,
+                                 int64_t k_hs, int64_t k_rs, const float *v, int64_t v_hs,
+                                 int64_t v_rs, float *out, int64_t hkv, int64_t rows, int64_t t,
+                                 int64_t n, int64_t d, const int32_t *qpos, const int32_t *kpos,
+                                 int32_t window, float scale, int threads) {
+  if (q == NULL || k == NULL || v == NULL || out == NULL || qpos == NULL || kpos == NULL ||
+      hkv < 1 || rows < 1 || t < 1 || rows % t != 0 || n < 1 || d < 1 || q_hs < rows * d ||
+      k_rs < d || v_rs < d || k_hs < 0 || v_hs < 0)
+    return NEXUS_PA_EBADARG;
+  if (isa < 0) isa = nexus_pa_best_isa();
+  if (!nexus_pa_isa_available(isa)) return NEXUS_PA_EISA;
+  if (!nexus_pa_supports_head_dim(isa, d)) return NEXUS_PA_EBADARG;
+  pa_call call = {q, k, v, out, q_hs, k_hs, k_rs, v_hs, v_rs, hkv, rows, t, n, d,
+                  qpos, kpos, window, scale, 0, NULL, NULL, NULL};
+  const int want = (double)hkv * (double)rows * (double)n * (double)d < NEXUS_PA_PARALLEL ? 1
+                                                                                        : threads;
+  if (isa == NEXUS_PA_SCALAR) {
+    float *probe = (float *)malloc(sizeof(float) * (size_t)n);
+    if (probe == NULL) return NEXUS_PA_ENOMEM;
+    free(probe);
+    run_tasks(&call, scalar_task, hkv * rows, want);
+    return NEXUS_PA_OK;
+  }
+#if defined(NEXUS_PA_X86)
+  const int64_t n_blocks = (n + KB - 1) / KB;
+  int32_t *bounds = (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * n_blocks));
+  float *kt = (float *)aligned_alloc(64, sizeof(float) * (size_t)(hkv * n_blocks * d * KB));
+  if (bounds == NULL || kt == NULL) {
+    free(bounds);
+    free(kt);
+    return NEXUS_PA_ENOMEM;
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    for (int64_t j = b * KB; j < n && j < (b + 1) * KB; ++j) {
+      lo = kpos[j] < lo ? kpos[j] : lo;
+      hi = kpos[j] > hi ? kpos[j] : hi;
+    }
+    bounds[b] = lo;
+    bounds[n_blocks + b] = hi;
+  }
+  call.n_blocks = n_blocks;
+  call.block_min = bounds;
+  call.block_max = bounds + n_blocks;
+  call.kt = kt;
+  run_tasks(&call, transpose_task, hkv * n_blocks, want);
+  run_tasks(&call, panel_avx512, hkv * ((rows + PR - 1) / PR), want);
+  free(bounds);
+  free(kt);
+  return NEXUS_PA_OK;
+#else
+  return NEXUS_PA_EISA;
+#endif
+}
+
+NEXUS_API const char *nexus_pa_isa_name(int isa) {
+  return (isa >= 0 && isa < NEXUS_PA_N_ISA) ? isa_names[isa] : NULL;
+}
