@@ -41,7 +41,8 @@ if str(ROOT) not in sys.path:
 import nexus_mlx  # noqa: E402  (must be imported before mlx: it loads the fast BLAS)
 from nexus_mlx._platform.blas import BLAS_STATUS
 
-_ENV_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "NEXUS_MLX_BLAS")
+_ENV_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "NEXUS_MLX_BLAS",
+             "OPENBLAS_THREAD_TIMEOUT", "NEXUS_MLX_POSITION_ATTENTION")
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 
 
