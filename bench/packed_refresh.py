@@ -12,13 +12,18 @@ bootstrap CI of the speedup. ``--quick``: N = 2K only, 1 warm-up and 3 trials, a
 cache is one prefilled 256-token text tiled to N rows (keys re-rotated to their positions):
 real K/V magnitudes, the same refresh cost, a fraction of the prefill time. (Random normal K/V
 do not work for the equality check: their extreme attention logits amplify rounding to ~3e-3.)
+Blocked attention: a third arm, interleaved with the two, runs the packed executor with the
+blocked attention kernel off (``position_attention.disabled()``: the two GEMMs around the native
+position softmax every CPU used before); its cache must equal the packed one within 1e-4, and
+``blocked_speedup`` (with its CI) is its time over the packed time.
 Floor: each cell prints and records the packed pass's FLOP floor (its FLOPs over the fp32 GEMM
 rate measured beside the cell, ``roofline.py``), ``packed_over_floor`` (target <= 2) and the ideal
 packed/sequential ratio the same count predicts (R calls reading every weight once against one).
 After the cells of each N, the packed pass at R = 16 is profiled per stage and per layer at
 ``mx.eval`` boundaries (``profile_R16``). Memory: K/V bytes per cell and the peak RSS.
 JSON: {"cells": [{"N", "R", "sequential_ms", "packed_ms", "speedup", "speedup_ci",
-"max_abs_diff", "flops", "floor_ms", "packed_over_floor", "ideal_speedup", "kv_bytes",
+"max_abs_diff", "packed_unfused_ms", "blocked_speedup", "blocked_speedup_ci",
+"blocked_max_abs_diff", "flops", "floor_ms", "packed_over_floor", "ideal_speedup", "kv_bytes",
 "peak_rss_mib"}], "B", "trials", "warmup", "context", "rates", "profile_R16", "loadavg"};
 PNG: results/packed_refresh.png.
 """
@@ -35,6 +40,7 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx import load
+from nexus_mlx.kernels import position_attention
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.kv.rope import reanchor
 from nexus_mlx.models.forward import forward, make_cache
@@ -111,6 +117,13 @@ def _timed(fn, cache: NexusCache, rows: np.ndarray) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def refresh_packed_unfused(model, cache: NexusCache, rows: np.ndarray) -> None:
+    """The packed executor with the blocked attention kernel off (two GEMMs around the native
+    position softmax): the path every CPU took before the kernel."""
+    with position_attention.disabled():
+        refresh_packed(model, cache, rows)
+
+
 def peak_rss_mib() -> float:
     """Peak resident set of this process so far (MiB; Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -150,18 +163,31 @@ def run_cell(stale: NexusCache, n: int, r: int, warmup: int, trials: int) -> dic
     diff = max_cache_diff(seq_cache, packed_cache)
     if diff > TOL:
         raise SystemExit(f"N={n} R={r}: packed and sequential caches differ by {diff:.3g} > {TOL}")
-    del seq_cache
-    work = packed_cache  # both executors recompute the same rows of one cache
+    unfused_cache = stale.copy()
+    refresh_packed_unfused(MODEL, unfused_cache, rows)
+    unfused_diff = max_cache_diff(unfused_cache, packed_cache)
+    if unfused_diff > TOL:
+        raise SystemExit(f"N={n} R={r}: blocked and unfused attention differ by "
+                         f"{unfused_diff:.3g} > {TOL}")
+    del seq_cache, unfused_cache
+    work = packed_cache  # every executor recomputes the same rows of one cache
+    arms = [refresh_sequential, refresh_packed, refresh_packed_unfused]
     for _ in range(warmup):
-        refresh_sequential(MODEL, work, rows)
-        refresh_packed(MODEL, work, rows)
-    seq_ms, packed_ms = [], []
-    for t in range(trials):  # interleaved, alternating which arm goes first
-        arms = [(refresh_sequential, seq_ms), (refresh_packed, packed_ms)]
-        for fn, sink in arms if t % 2 == 0 else arms[::-1]:
-            sink.append(_timed(fn, work, rows))
+        for fn in arms:
+            fn(MODEL, work, rows)
+    times: list[list[float]] = [[], [], []]
+    for t in range(trials):  # interleaved, rotating which arm goes first
+        for k in range(len(arms)):
+            i = (k + t) % len(arms)
+            times[i].append(_timed(arms[i], work, rows))
+    seq_ms, packed_ms, unfused_ms = times
     speedup, lo, hi = ratio_ci(seq_ms, packed_ms)
+    blocked, blo, bhi = ratio_ci(unfused_ms, packed_ms)
     return {
+        "packed_unfused_ms": median_ci(unfused_ms)[0],
+        "packed_unfused_ms_ci": list(median_ci(unfused_ms)[1:]),
+        "blocked_speedup": blocked, "blocked_speedup_ci": [blo, bhi],
+        "blocked_max_abs_diff": unfused_diff,
         "N": n, "R": r, "B": B, "sequential_ms": median_ci(seq_ms)[0],
         "sequential_ms_ci": list(median_ci(seq_ms)[1:]), "packed_ms": median_ci(packed_ms)[0],
         "packed_ms_ci": list(median_ci(packed_ms)[1:]), "speedup": speedup, "speedup_ci": [lo, hi],
@@ -219,7 +245,8 @@ def main() -> None:
             cell["packed_over_floor"] = cell["packed_ms"] / cell["floor_ms"]
             cell["peak_rss_mib"] = peak_rss_mib()
             cells.append(cell)
-            print(f"N {n:5d} R {r:2d}: packed {cell['packed_ms']:7.1f} ms, floor "
+            print(f"N {n:5d} R {r:2d}: packed {cell['packed_ms']:7.1f} ms (unfused attention "
+                  f"{cell['packed_unfused_ms']:7.1f} ms, {cell['blocked_speedup']:.2f}x), floor "
                   f"{cell['floor_ms']:6.1f} ms ({cell['packed_over_floor']:.2f}x floor), "
                   f"sequential {cell['sequential_ms']:7.1f} ms, speedup {cell['speedup']:.2f}x "
                   f"(ideal {cell['ideal_speedup']:.2f}x) at {gflops:.0f} GFLOP/s, "

@@ -299,15 +299,18 @@ def packed_section(d: dict[str, Any]) -> list[str]:
              fmt(c.get("packed_ms"), ".1f"), fmt(c.get("floor_ms"), ".1f"),
              fmt(c.get("packed_over_floor"), ".2f"), fmt(c.get("speedup"), ".2f"),
              fmt_ci(c.get("speedup_ci"), ".2f"), fmt(c.get("ideal_speedup"), ".2f"),
-             fmt(c.get("max_abs_diff"), ".2g"),
+             fmt(c.get("max_abs_diff"), ".2g"), fmt(c.get("packed_unfused_ms"), ".1f"),
+             fmt(c.get("blocked_speedup"), ".2f"), fmt_ci(c.get("blocked_speedup_ci"), ".2f"),
              paper if number(c.get("R")) == ref["intervals"] else ""]
             for c in sort_by(records(d.get("cells")), "N", "R")]
     head = [f"B = {fmt(d.get('B'))} refreshed positions; context: {fmt(d.get('context'))}. "
             "Floor: the packed pass's FLOPs over the fp32 GEMM rate measured beside each cell; "
-            "ideal speedup: the same count with one weight traversal per call.", ""]
+            "ideal speedup: the same count with one weight traversal per call. Unfused: the "
+            "packed pass with the blocked attention kernel off (n/a: runs before it existed).", ""]
     return head + table(["N", "R intervals", "sequential ms", "packed ms", "floor ms",
                          "packed / floor", "speedup", "95% CI", "ideal speedup",
-                         "max abs diff", "paper speedup"], rows)
+                         "max abs diff", "unfused ms", "blocked speedup", "95% CI",
+                         "paper speedup"], rows)
 
 
 # ---- sections: engineering ----------------------------------------------------------------------

@@ -154,3 +154,13 @@ def test_disabled_by_environment(monkeypatch):
     finally:
         monkeypatch.delenv(pa.ENV_VAR)
         pa._native.cache_clear()
+
+
+def test_disabled_block_turns_dispatch_off_and_back_on():
+    before = pa.kernel_applies(mx.float32, 64)
+    with pa.disabled():
+        assert not pa.kernel_applies(mx.float32, 64)
+        with pa.disabled():
+            assert not pa.kernel_applies(mx.float32, 64)
+        assert not pa.kernel_applies(mx.float32, 64)
+    assert pa.kernel_applies(mx.float32, 64) == before

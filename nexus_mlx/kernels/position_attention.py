@@ -31,15 +31,18 @@ Three parts (house-style rule 5):
   512), else the reference. Results agree within float32 rounding (the online softmax sums in
   another order; the kernel's exp is within 1e-7 relative).
 
-``NEXUS_MLX_POSITION_ATTENTION=0`` disables the native kernel. It knows nothing about models,
-layers, RoPE or the cache object.
+``NEXUS_MLX_POSITION_ATTENTION=0`` disables the native kernel for the process; ``with
+disabled():`` turns the dispatch off for a block (A/B measurements in one run; not thread-safe).
+It knows nothing about models, layers, RoPE or the cache object.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,9 +218,24 @@ def native_status() -> NativeStatus:
     return _native()[1]
 
 
+_disabled_depth = 0  # > 0 inside disabled()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Inside the block :func:`kernel_applies` is False, so the forward pass takes its unfused
+    path (for benchmarks that compare both in one run)."""
+    global _disabled_depth
+    _disabled_depth += 1
+    try:
+        yield
+    finally:
+        _disabled_depth -= 1
+
+
 def kernel_applies(dtype: mx.Dtype, head_dim: int) -> bool:
     """Whether :func:`position_attention` would run a fast native path for these inputs now."""
-    if dtype != mx.float32 or active_backend() != "cpu":
+    if _disabled_depth or dtype != mx.float32 or active_backend() != "cpu":
         return False
     native = native_position_attention()
     return native is not None and native.best in FAST_ISAS and native.supports_head_dim(head_dim)
