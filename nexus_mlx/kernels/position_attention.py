@@ -24,7 +24,8 @@ Three parts (house-style rule 5):
 - the native CPU kernel, ``_platform/csrc/position_attention.c`` (a scalar path and an AVX-512
   path picked at run time), built with the system C compiler into ``$XDG_CACHE_HOME/nexus-mlx/``
   on first use and loaded with ctypes. It evaluates its inputs (a sync point) and returns a new
-  array. There is no Metal or CUDA builder on purpose: on a GPU the forward pass calls
+  array. It keeps one scratch buffer per calling thread for the transposed keys (Hkv x N x D
+  floats of the largest call so far, e.g. 6 MB for SmolLM2 at 8K keys), reused across calls. There is no Metal or CUDA builder on purpose: on a GPU the forward pass calls
   ``mx.fast.scaled_dot_product_attention``, which fuses the same steps.
 - the dispatcher :func:`position_attention` (``use_kernel=True``): the native kernel where
   :func:`kernel_applies` (float32 on the CPU, an AVX-512 CPU, head_dim a multiple of 16 up to

@@ -285,6 +285,22 @@ static void transpose_task(const pa_call *c, int64_t task) {
   transpose_block(c->k + h * c->k_hs + b * KB * c->k_rs, c->k_rs, nk, c->d,
                   c->kt + (h * c->n_blocks + b) * c->d * KB);
 }
+
+/* The transposed keys' buffer, kept per calling thread and grown as needed: a fresh allocation
+ * of megabytes per call came back from the kernel as new pages, and faulting them in cost a
+ * third of the call inside a forward pass. Freed only when a larger one replaces it. */
+static float *scratch_keys(size_t floats) {
+  static __thread float *buf = NULL;
+  static __thread size_t have = 0;
+  if (floats > have) {
+    free(buf);
+    have = 0;
+    buf = (float *)aligned_alloc(64, sizeof(float) * floats);
+    if (buf == NULL) return NULL;
+    have = floats;
+  }
+  return buf;
+}
 #endif /* x86-64 */
 
 static void scalar_task(const pa_call *c, int64_t task) {
@@ -384,10 +400,9 @@ NEXUS_API int nexus_pa_attention(int isa, const float *q, int64_t q_hs, const fl
 #if defined(NEXUS_PA_X86)
   const int64_t n_blocks = (n + KB - 1) / KB;
   int32_t *bounds = (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * n_blocks));
-  float *kt = (float *)aligned_alloc(64, sizeof(float) * (size_t)(hkv * n_blocks * d * KB));
+  float *kt = scratch_keys((size_t)(hkv * n_blocks * d * KB));
   if (bounds == NULL || kt == NULL) {
     free(bounds);
-    free(kt);
     return NEXUS_PA_ENOMEM;
   }
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -406,7 +421,6 @@ NEXUS_API int nexus_pa_attention(int isa, const float *q, int64_t q_hs, const fl
   run_tasks(&call, transpose_task, hkv * n_blocks, want);
   run_tasks(&call, panel_avx512, hkv * ((rows + PR - 1) / PR), want);
   free(bounds);
-  free(kt);
   return NEXUS_PA_OK;
 #else
   return NEXUS_PA_EISA;
