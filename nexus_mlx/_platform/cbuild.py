@@ -6,7 +6,8 @@ the source and its local headers, so an edited source or header gets a new file)
 appears atomically (written under a temporary name, then renamed), so concurrent processes never
 load a partial library. Failures raise :class:`BuildError` with one readable sentence. It never
 imports mlx: the BLAS shim is built with it before ``mlx.core`` may be loaded. It knows nothing
-about what the library does.
+about what the library does; :func:`load_or_explain` loads one lazily, turned off by an
+environment variable, and says why where it could not.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
-from nexus_mlx.errors import BuildError
+from nexus_mlx.errors import ArgumentError, BuildError
 
 _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]+"([^"/]+)"', re.MULTILINE)
 
@@ -88,3 +91,58 @@ def build_shared_library(
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def build_with_source_id(
+    source: Path,
+    stem: str,
+    flags: Sequence[str],
+    id_macro: str,
+    *,
+    libraries: Sequence[str] = (),
+    folder: Path | None = None,
+    compiler: str | None = None,
+) -> Path:
+    """:func:`build_shared_library` with ``-D<id_macro>="<digest>"`` added, so the library can
+    report which source it was built from."""
+    try:
+        digest = source_digest(source)
+    except OSError as exc:
+        raise BuildError(f"the source {source} is missing: {exc}") from exc
+    return build_shared_library(source, stem, (*flags, f'-D{id_macro}="{digest}"'),
+                                libraries=libraries, folder=folder, compiler=compiler)
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Outcome of loading a native kernel library: ``loaded``, the library ``path``, the
+    ``isas`` this CPU can run, the ``best`` one, and one sentence of ``reason``."""
+
+    loaded: bool
+    reason: str
+    path: str | None = None
+    isas: tuple[str, ...] = ()
+    best: str | None = None
+
+
+class _NativeLibrary(Protocol):
+    path: str
+    isas: tuple[str, ...]
+    best: str
+
+
+L = TypeVar("L", bound=_NativeLibrary)
+
+
+def load_or_explain(env_var: str, load: Callable[[], L], what: str
+                    ) -> tuple[L | None, NativeStatus]:
+    """``load()`` a native library unless ``env_var`` turns it off (``0``/``false``/``no``/
+    ``off``); a build or load failure becomes a status that says why, never an exception."""
+    if os.environ.get(env_var, "").strip().lower() in ("0", "false", "no", "off"):
+        return None, NativeStatus(False, f"disabled by {env_var}={os.environ[env_var]}")
+    try:
+        native = load()
+    except (BuildError, OSError, ArgumentError) as exc:
+        return None, NativeStatus(False, f"no native {what} ({exc}); using MLX ops")
+    return native, NativeStatus(True, "compiled into the cache", native.path, native.isas,
+                                native.best)

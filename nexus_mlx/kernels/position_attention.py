@@ -25,7 +25,8 @@ Three parts (house-style rule 5):
   path picked at run time), built with the system C compiler into ``$XDG_CACHE_HOME/nexus-mlx/``
   on first use and loaded with ctypes. It evaluates its inputs (a sync point) and returns a new
   array. It keeps one scratch buffer per calling thread for the transposed keys (Hkv x N x D
-  floats of the largest call so far, e.g. 6 MB for SmolLM2 at 8K keys), reused across calls. There is no Metal or CUDA builder on purpose: on a GPU the forward pass calls
+  floats of the largest call so far, e.g. 6 MB for SmolLM2 at 8K keys), reused across calls.
+  There is no Metal or CUDA builder on purpose: on a GPU the forward pass calls
   ``mx.fast.scaled_dot_product_attention``, which fuses the same steps.
 - the dispatcher :func:`position_attention` (``use_kernel=True``): the native kernel where
   :func:`kernel_applies` (float32 on the CPU, an AVX-512 CPU, head_dim a multiple of 16 up to
@@ -44,13 +45,13 @@ import ctypes
 import functools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 from nexus_mlx._platform import cbuild as _cbuild
+from nexus_mlx._platform.cbuild import NativeStatus
 from nexus_mlx.errors import ArgumentError, BuildError
 from nexus_mlx.kernels import active_backend
 from nexus_mlx.kernels.position_softmax import MAX_POSITION, position_softmax_reference
@@ -79,18 +80,6 @@ def position_attention_reference(
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (1, Hkv, R, N)
     probs = position_softmax_reference(scores, query_pos, key_pos, window)
     return probs @ v  # (1, Hkv, R, D)
-
-
-@dataclass(frozen=True)
-class NativeStatus:
-    """Outcome of loading the native kernel: ``loaded``, the library ``path``, the ``isas``
-    this CPU can run, the ``best`` one, and one sentence of ``reason``."""
-
-    loaded: bool
-    reason: str
-    path: str | None = None
-    isas: tuple[str, ...] = ()
-    best: str | None = None
 
 
 class NativePositionAttention:
@@ -183,13 +172,10 @@ def _row_strides(a: np.ndarray) -> tuple[int, int]:
 
 def compile_native(folder: Path | None = None, compiler: str | None = None) -> Path:
     """Compile the C source into ``folder`` (default the user cache), keyed by its hash."""
-    try:
-        digest = _cbuild.source_digest(SOURCE)
-    except OSError as exc:
-        raise BuildError(f"the source {SOURCE} is missing: {exc}") from exc
-    flags = (*COMPILE_FLAGS, f'-DNEXUS_PA_SOURCE_ID="{digest}"')
-    return _cbuild.build_shared_library(SOURCE, "position_attention", flags, libraries=("-lm",),
-                                        folder=folder, compiler=compiler)
+    return _cbuild.build_with_source_id(SOURCE, "position_attention", COMPILE_FLAGS,
+                                        "NEXUS_PA_SOURCE_ID",
+                                        libraries=("-lm",), folder=folder,
+                                        compiler=compiler)
 
 
 def load_native(path: str | Path) -> NativePositionAttention:
@@ -199,14 +185,8 @@ def load_native(path: str | Path) -> NativePositionAttention:
 
 @functools.cache
 def _native() -> tuple[NativePositionAttention | None, NativeStatus]:
-    if os.environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "no", "off"):
-        return None, NativeStatus(False, f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}")
-    try:
-        native = load_native(compile_native())
-    except (BuildError, OSError, ArgumentError) as exc:
-        return None, NativeStatus(False, f"no native position attention ({exc}); using MLX ops")
-    return native, NativeStatus(True, "compiled into the cache", native.path, native.isas,
-                                native.best)
+    return _cbuild.load_or_explain(ENV_VAR, lambda: load_native(compile_native()),
+                                   "position attention")
 
 
 def native_position_attention() -> NativePositionAttention | None:

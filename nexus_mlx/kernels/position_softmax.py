@@ -38,13 +38,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 from nexus_mlx._platform import cbuild as _cbuild
+from nexus_mlx._platform.cbuild import NativeStatus
 from nexus_mlx.errors import ArgumentError, BuildError
 from nexus_mlx.kernels import active_backend
 
@@ -94,18 +94,6 @@ def position_softmax_reference(
     grouped = scores.reshape(-1, t, n)  # (R_total / T, T, N)
     masked = mx.where(seen, grouped, mx.array(-mx.inf, scores.dtype))
     return mx.softmax(masked, axis=-1, precise=True).reshape(scores.shape)
-
-
-@dataclass(frozen=True)
-class NativeStatus:
-    """Outcome of loading the native kernel: ``loaded``, the library ``path``, the ``isas``
-    this CPU can run, the ``best`` one, and one sentence of ``reason``."""
-
-    loaded: bool
-    reason: str
-    path: str | None = None
-    isas: tuple[str, ...] = ()
-    best: str | None = None
 
 
 class NativePositionSoftmax:
@@ -162,13 +150,10 @@ class NativePositionSoftmax:
 
 def compile_native(folder: Path | None = None, compiler: str | None = None) -> Path:
     """Compile the C source into ``folder`` (default the user cache), keyed by its hash."""
-    try:
-        digest = _cbuild.source_digest(SOURCE)
-    except OSError as exc:
-        raise BuildError(f"the source {SOURCE} is missing: {exc}") from exc
-    flags = (*COMPILE_FLAGS, f'-DNEXUS_PS_SOURCE_ID="{digest}"')
-    return _cbuild.build_shared_library(SOURCE, "position_softmax", flags, libraries=("-lm",),
-                                        folder=folder, compiler=compiler)
+    return _cbuild.build_with_source_id(SOURCE, "position_softmax", COMPILE_FLAGS,
+                                        "NEXUS_PS_SOURCE_ID",
+                                        libraries=("-lm",), folder=folder,
+                                        compiler=compiler)
 
 
 def load_native(path: str | Path) -> NativePositionSoftmax:
@@ -178,14 +163,8 @@ def load_native(path: str | Path) -> NativePositionSoftmax:
 
 @functools.cache
 def _native() -> tuple[NativePositionSoftmax | None, NativeStatus]:
-    if os.environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "no", "off"):
-        return None, NativeStatus(False, f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}")
-    try:
-        native = load_native(compile_native())
-    except (BuildError, OSError, ArgumentError) as exc:
-        return None, NativeStatus(False, f"no native position softmax ({exc}); using MLX ops")
-    return native, NativeStatus(True, "compiled into the cache", native.path, native.isas,
-                                native.best)
+    return _cbuild.load_or_explain(ENV_VAR, lambda: load_native(compile_native()),
+                                   "position softmax")
 
 
 def native_position_softmax() -> NativePositionSoftmax | None:
