@@ -15,10 +15,10 @@ probabilities only when asked (``want_probs``). Four paths, equal within float32
   rows whose positions are ``0 .. N-1`` in row order (a plain append; no window shorter than
   ``N``), none when every key is visible, else one boolean mask built once per call and window.
 - ``blocked`` (float32 on an AVX-512 CPU, at least two queries, no soft-cap, row-layout V, no
-  probabilities asked): the native kernel of :mod:`~nexus_mlx.kernels.position_attention`, which
-  walks 64-key blocks with an online softmax and the position rule built in: no score matrix and
-  no mask tensor exist, and blocks no query can see are skipped. It evaluates its inputs (a sync
-  point per layer).
+  probabilities asked): the native kernel of
+  :mod:`~nexus_mlx.kernels.position_attention`, which walks 64-key blocks with an online softmax
+  and the position rule built in: no score matrix and no mask tensor exist, and blocks no query
+  can see are skipped. It evaluates its inputs (a sync point per layer).
 - ``positional`` (float32 on the CPU, at least two queries, where ``blocked`` does not apply):
   two grouped GEMMs around the native in-place softmax of
   :mod:`~nexus_mlx.kernels.position_softmax`, which applies the position rule itself: no mask

@@ -15,6 +15,8 @@
  *
  *   NEXUS_PA_SCALAR   portable C, libm expf, one row at a time (the slow reference path)
  *   NEXUS_PA_AVX512   x86-64 AVX-512F, 4-row panels x 64-key blocks; head_dim % 16 == 0
+ *   NEXUS_PA_AVX2     x86-64 AVX2 + FMA, the same panels 16 keys / columns at a time; the same
+ *                     head_dim rule
  *
  * Layout contract (checked by the Python wrapper; float32 throughout, last axes contiguous):
  *   q    (hkv, rows, d), head stride q_hs, row stride d. Row r of a head holds query r % t (the
@@ -30,7 +32,7 @@
  *   s[r, j]  = scale * sum_x q[r, x] k[j, x]
  *   p[r, j]  = visible ? exp(s[r, j] - max_visible s[r, :]) / sum_visible exp(...) : 0
  *   out[r]   = sum_j p[r, j] v[j]       (a row that sees no key is all NaN, as its softmax is)
- * The AVX-512 path computes the same sums in another order (online softmax: a running maximum,
+ * The SIMD paths compute the same sums in another order (online softmax: a running maximum,
  * the partial sums rescaled by exp(m_old - m_new)), so results agree within float32 rounding.
  *
  * Threads: the caller's thread and at most threads - 1 POSIX threads share the work in
@@ -62,17 +64,17 @@
 #define NEXUS_PA_SOURCE_ID "unknown"
 #endif
 
-#define NEXUS_PA_ABI 1
+#define NEXUS_PA_ABI 2
 #define NEXUS_PA_MAX_THREADS 16
 #define NEXUS_PA_PARALLEL (1 << 18) /* multiply-adds per call before a second thread pays off */
 #define KB 64                       /* keys per block */
 #define PR 4                        /* query rows per panel */
 #define MAX_D 512                   /* head_dim bound of the panel buffers */
 
-enum { NEXUS_PA_SCALAR = 0, NEXUS_PA_AVX512 = 1, NEXUS_PA_N_ISA = 2 };
+enum { NEXUS_PA_SCALAR = 0, NEXUS_PA_AVX512 = 1, NEXUS_PA_AVX2 = 2, NEXUS_PA_N_ISA = 3 };
 enum { NEXUS_PA_OK = 0, NEXUS_PA_EBADARG = -1, NEXUS_PA_EISA = -2, NEXUS_PA_ENOMEM = -3 };
 
-static const char *const isa_names[NEXUS_PA_N_ISA] = {"scalar", "avx512"};
+static const char *const isa_names[NEXUS_PA_N_ISA] = {"scalar", "avx512", "avx2"};
 
 typedef struct {
   const float *q, *k, *v;
@@ -82,7 +84,7 @@ typedef struct {
   const int32_t *qpos, *kpos;
   int32_t window;
   float scale;
-  /* AVX-512 path: per block the smallest / largest key position and the transposed keys */
+  /* SIMD paths: per block the smallest / largest key position and the transposed keys */
   int64_t n_blocks;
   const int32_t *block_min, *block_max;
   float *kt; /* (hkv, n_blocks, d, KB) */
@@ -127,7 +129,7 @@ static void row_scalar(const pa_call *c, int64_t h, int64_t r, float *s) {
 }
 
 #if defined(NEXUS_PA_X86)
-/* ---- AVX-512F ----------------------------------------------------------------------------- */
+/* ---- AVX-512F (and the key transposition both SIMD paths use) ------------------------------ */
 
 /* kt[x * KB + j] = k[j * k_rs + x] for the nk keys of one block; zero past nk. */
 static void transpose_block(const float *k, int64_t k_rs, int64_t nk, int64_t d, float *kt) {
@@ -195,10 +197,11 @@ PS_AVX512 static void panel_values(const float *p, const float *v, int64_t v_rs,
 }
 
 /* One panel row's online-softmax step over a block: mask, new running maximum, probabilities
- * written over the scores, running sum and output rescaled. `all` skips the mask (every key of
- * the block visible to the whole panel). */
-PS_AVX512 static void panel_row_softmax(const pa_call *c, int64_t j0, int64_t nk, int all,
-                                        int32_t qp, float *s, float *m, float *l, float *o) {
+ * written over the scores, running sum and output rescaled. kp holds the block's key positions
+ * (KB of them, padded past nk); `all` skips the mask (every key of the block visible to the
+ * whole panel). */
+PS_AVX512 static void row_softmax_avx512(const pa_call *c, const int32_t *kp, int64_t nk, int all,
+                                         int32_t qp, float *s, float *m, float *l, float *o) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const __m512i vq = _mm512_set1_epi32(qp), vw = _mm512_set1_epi32(c->window);
   __mmask16 ok[4];
@@ -210,7 +213,7 @@ PS_AVX512 static void panel_row_softmax(const pa_call *c, int64_t j0, int64_t nk
     if (all) {
       ok[x] = lanes;
     } else {
-      __m512i dd = _mm512_sub_epi32(vq, _mm512_maskz_loadu_epi32(lanes, c->kpos + j0 + 16 * x));
+      __m512i dd = _mm512_sub_epi32(vq, _mm512_maskz_loadu_epi32(lanes, kp + 16 * x));
       ok[x] = _mm512_mask_cmpge_epi32_mask(lanes, dd, _mm512_setzero_si512());
       if (c->window > 0) ok[x] = _mm512_mask_cmplt_epi32_mask(ok[x], dd, vw);
     }
@@ -240,15 +243,111 @@ PS_AVX512 static void panel_row_softmax(const pa_call *c, int64_t j0, int64_t nk
   }
 }
 
+
+/* ---- AVX2 + FMA: the same panels, 16 keys or 16 output columns at a time ------------------ */
+PS_AVX2 static void panel_scores_avx2(const float *q, int64_t d, const float *kt, float *s) {
+  for (int c0 = 0; c0 < KB; c0 += 16) {
+    __m256 a[PR][2];
+    for (int r = 0; r < PR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t x = 0; x < d; ++x) {
+      const __m256 k0 = _mm256_loadu_ps(kt + x * KB + c0), k1 = _mm256_loadu_ps(kt + x * KB + c0 + 8);
+      for (int r = 0; r < PR; ++r) {
+        const __m256 b = _mm256_broadcast_ss(q + r * d + x);
+        a[r][0] = _mm256_fmadd_ps(b, k0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(b, k1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < PR; ++r) {
+      _mm256_storeu_ps(s + r * KB + c0, a[r][0]);
+      _mm256_storeu_ps(s + r * KB + c0 + 8, a[r][1]);
+    }
+  }
+}
+
+PS_AVX2 static void panel_values_avx2(const float *p, const float *v, int64_t v_rs, int64_t nk,
+                                      int64_t d, float *o) {
+  for (int64_t c0 = 0; c0 < d; c0 += 16) {
+    __m256 a[PR][2];
+    for (int r = 0; r < PR; ++r) {
+      a[r][0] = _mm256_loadu_ps(o + r * d + c0);
+      a[r][1] = _mm256_loadu_ps(o + r * d + c0 + 8);
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(v + j * v_rs + c0), v1 = _mm256_loadu_ps(v + j * v_rs + c0 + 8);
+      for (int r = 0; r < PR; ++r) {
+        const __m256 b = _mm256_broadcast_ss(p + r * KB + j);
+        a[r][0] = _mm256_fmadd_ps(b, v0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(b, v1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < PR; ++r) {
+      _mm256_storeu_ps(o + r * d + c0, a[r][0]);
+      _mm256_storeu_ps(o + r * d + c0 + 8, a[r][1]);
+    }
+  }
+}
+
+PS_AVX2 static void row_softmax_avx2(const pa_call *c, const int32_t *kp, int64_t nk, int all,
+                                     int32_t qp, float *s, float *m, float *l, float *o) {
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  const __m256i vq = _mm256_set1_epi32(qp), vw = _mm256_set1_epi32(c->window);
+  __m256 ok[KB / 8];
+  __m256 top = ninf;
+  for (int x = 0; x < KB / 8; ++x) {
+    if (all && nk == KB) {
+      ok[x] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    } else { /* padded positions (INT32_MAX) are never visible */
+      __m256i dd = _mm256_sub_epi32(vq, _mm256_loadu_si256((const __m256i *)(kp + 8 * x)));
+      __m256i seen = _mm256_cmpgt_epi32(dd, _mm256_set1_epi32(-1));
+      if (c->window > 0) seen = _mm256_and_si256(seen, _mm256_cmpgt_epi32(vw, dd));
+      ok[x] = _mm256_castsi256_ps(seen);
+    }
+    top = _mm256_max_ps(top, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * x), ok[x]));
+  }
+  const float block_max = hmax256(top);
+  const float m_new = block_max > *m ? block_max : *m;
+  if (m_new == -INFINITY) {
+    memset(s, 0, sizeof(float) * KB);
+    return;
+  }
+  const __m256 vm = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int x = 0; x < KB / 8; ++x) {
+    __m256 arg = _mm256_sub_ps(_mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * x), ok[x]), vm);
+    __m256 e = _mm256_and_ps(ok[x], exp256(_mm256_min_ps(arg, _mm256_setzero_ps())));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(s + 8 * x, e);
+  }
+  const float alpha = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+  *l = *l * alpha + hsum256(sum);
+  *m = m_new;
+  if (alpha != 1.0f) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int64_t x = 0; x < c->d; x += 8)
+      _mm256_storeu_ps(o + x, _mm256_mul_ps(_mm256_loadu_ps(o + x), va));
+  }
+}
+
+/* ---- the panel driver, shared by both SIMD paths ------------------------------------------ */
+typedef struct {
+  void (*scores)(const float *q, int64_t d, const float *kt, float *s);
+  void (*row_softmax)(const pa_call *c, const int32_t *kp, int64_t nk, int all, int32_t qp,
+                      float *s, float *m, float *l, float *o);
+  void (*values)(const float *p, const float *v, int64_t v_rs, int64_t nk, int64_t d, float *o);
+} panel_ops;
+
+static const panel_ops AVX512_OPS = {panel_scores, row_softmax_avx512, panel_values};
+static const panel_ops AVX2_OPS = {panel_scores_avx2, row_softmax_avx2, panel_values_avx2};
+
 /* The rows [r0, r0 + PR) of head h (fewer at the end: the panel repeats row r0 and drops it). */
-PS_AVX512 static void panel_avx512(const pa_call *c, int64_t task) {
+static void run_panel(const pa_call *c, int64_t task, const panel_ops *ops) {
   const int64_t panels = (c->rows + PR - 1) / PR, h = task / panels, r0 = (task % panels) * PR;
   const int64_t d = c->d, nr = c->rows - r0 < PR ? c->rows - r0 : PR;
   float q[PR * MAX_D] __attribute__((aligned(64)));
   float o[PR * MAX_D] __attribute__((aligned(64)));
   float s[PR * KB] __attribute__((aligned(64)));
   float m[PR], l[PR];
-  int32_t qp[PR], q_lo = INT32_MAX, q_hi = INT32_MIN;
+  int32_t kp[KB], qp[PR], q_lo = INT32_MAX, q_hi = INT32_MIN;
   for (int r = 0; r < PR; ++r) {
     const int64_t row = r0 + (r < nr ? r : 0);
     const float *src = c->q + h * c->q_hs + row * d;
@@ -267,10 +366,11 @@ PS_AVX512 static void panel_avx512(const pa_call *c, int64_t task) {
     if (c->window > 0 && (int64_t)q_lo - k_hi >= c->window) continue; /* outside every window */
     const int64_t j0 = b * KB, nk = c->n - j0 < KB ? c->n - j0 : KB;
     const int all = k_hi <= q_lo && (c->window <= 0 || (int64_t)q_hi - k_lo < c->window);
-    panel_scores(q, d, kt + b * d * KB, s);
+    for (int64_t j = 0; j < KB; ++j) kp[j] = j < nk ? c->kpos[j0 + j] : INT32_MAX;
+    ops->scores(q, d, kt + b * d * KB, s);
     for (int r = 0; r < PR; ++r)
-      panel_row_softmax(c, j0, nk, all, qp[r], s + r * KB, &m[r], &l[r], o + r * d);
-    panel_values(s, c->v + h * c->v_hs + j0 * c->v_rs, c->v_rs, nk, d, o);
+      ops->row_softmax(c, kp, nk, all, qp[r], s + r * KB, &m[r], &l[r], o + r * d);
+    ops->values(s, c->v + h * c->v_hs + j0 * c->v_rs, c->v_rs, nk, d, o);
   }
   for (int r = 0; r < nr; ++r) {
     float *dst = c->out + (h * c->rows + r0 + r) * d;
@@ -278,6 +378,9 @@ PS_AVX512 static void panel_avx512(const pa_call *c, int64_t task) {
     for (int64_t x = 0; x < d; ++x) dst[x] = o[r * d + x] * inv;
   }
 }
+
+static void panel_avx512(const pa_call *c, int64_t task) { run_panel(c, task, &AVX512_OPS); }
+static void panel_avx2(const pa_call *c, int64_t task) { run_panel(c, task, &AVX2_OPS); }
 
 static void transpose_task(const pa_call *c, int64_t task) {
   const int64_t h = task / c->n_blocks, b = task % c->n_blocks;
@@ -352,6 +455,8 @@ static int cpu_supports(int isa) {
 #if defined(NEXUS_PA_X86)
     case NEXUS_PA_AVX512:
       return __builtin_cpu_supports("avx512f") ? 1 : 0;
+    case NEXUS_PA_AVX2:
+      return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
 #endif
     default:
       return 0;
@@ -364,9 +469,10 @@ NEXUS_API int nexus_pa_isa_available(int isa) {
   return isa >= 0 && isa < NEXUS_PA_N_ISA && cpu_supports(isa);
 }
 NEXUS_API int nexus_pa_best_isa(void) {
-  return cpu_supports(NEXUS_PA_AVX512) ? NEXUS_PA_AVX512 : NEXUS_PA_SCALAR;
+  if (cpu_supports(NEXUS_PA_AVX512)) return NEXUS_PA_AVX512;
+  return cpu_supports(NEXUS_PA_AVX2) ? NEXUS_PA_AVX2 : NEXUS_PA_SCALAR;
 }
-/* Whether `isa` runs head_dim d (the AVX-512 panels need d % 16 == 0 and d <= MAX_D). */
+/* Whether `isa` runs head_dim d (the SIMD panels need d % 16 == 0 and d <= MAX_D). */
 NEXUS_API int nexus_pa_supports_head_dim(int isa, int64_t d) {
   if (d < 1) return 0;
   return isa == NEXUS_PA_SCALAR || (d % 16 == 0 && d <= MAX_D);
@@ -419,7 +525,8 @@ NEXUS_API int nexus_pa_attention(int isa, const float *q, int64_t q_hs, const fl
   call.block_max = bounds + n_blocks;
   call.kt = kt;
   run_tasks(&call, transpose_task, hkv * n_blocks, want);
-  run_tasks(&call, panel_avx512, hkv * ((rows + PR - 1) / PR), want);
+  run_tasks(&call, isa == NEXUS_PA_AVX512 ? panel_avx512 : panel_avx2,
+            hkv * ((rows + PR - 1) / PR), want);
   free(bounds);
   return NEXUS_PA_OK;
 #else

@@ -149,20 +149,6 @@ PS_AVX2 static inline __m256 vis256(__m256i q, const int32_t *kpos, __m256i w, i
   return _mm256_castsi256_ps(ok);
 }
 
-PS_AVX2 static float hmax256(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-
-PS_AVX2 static float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
 PS_AVX2 static void row_avx2(float *row, int64_t n, int32_t q, const int32_t *kpos,
                              int32_t window) {
   const __m256i vq = _mm256_set1_epi32(q), vw = _mm256_set1_epi32(window);

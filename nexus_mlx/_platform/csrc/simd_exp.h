@@ -1,11 +1,13 @@
-/* simd_exp.h -- the vectorized exp shared by the CPU attention kernels (position_softmax.c,
- * position_attention.c): a Cody-Waite reduction and the degree-5 Cephes expf polynomial, within
- * 1e-7 relative of exp over [-87, 0]; arguments below -87 give exactly 0 (their true value is
- * below 2e-38, under a float32 sum's resolution). Defined for x <= 0 only (softmax arguments).
+/* simd_exp.h -- the vectorized exp (and the AVX2 horizontal reductions) shared by the CPU
+ * attention kernels (position_softmax.c, position_attention.c). The exp: a Cody-Waite reduction
+ * and the degree-5 Cephes expf polynomial, within 1e-7 relative of exp over [-87, 0]; arguments
+ * below -87 give exactly 0 (their true value is below 2e-38, under a float32 sum's resolution).
+ * Defined for x <= 0 only (softmax arguments).
  *
  * Include it after <immintrin.h> on x86-64; it defines PS_AVX512 / PS_AVX2 (the function
- * attributes of each path) and exp512() / exp256() there, and only the constants elsewhere.
- * The build keys its cache on this header too (cbuild.source_digest hashes quoted includes).
+ * attributes of each path), exp512() / exp256() and hmax256() / hsum256() there, and only the
+ * constants elsewhere. The build keys its cache on this header too (cbuild.source_digest hashes
+ * quoted includes).
  */
 #ifndef NEXUS_SIMD_EXP_H
 #define NEXUS_SIMD_EXP_H
@@ -60,6 +62,21 @@ PS_AVX2 static inline __m256 exp256(__m256 x) { /* x <= 0 */
   p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+/* horizontal maximum / sum of the 8 lanes */
+PS_AVX2 static inline float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+PS_AVX2 static inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
 }
 #endif /* x86-64 */
 
