@@ -16,10 +16,12 @@ float32 summation order).
 
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)
-then share both cores with a spinning thread and ran up to 2x slower. So ``OPENBLAS_THREAD_TIMEOUT``
-is set to ``THREAD_TIMEOUT`` (2^12 cycles, about a microsecond) before OpenBLAS is loaded, unless
-the environment sets it already. Measured on SmolLM2 (2 cores): a 1,024-token prefill 2.0-2.2 s
-instead of 2.4-2.5 s, decode steps within the run-to-run noise.
+then share both cores with a spinning thread (in a probe, one attention call over 2,048 keys took
+4.8 ms right after a GEMM against 2.3 ms without the spin). So ``OPENBLAS_THREAD_TIMEOUT`` is set
+to ``THREAD_TIMEOUT`` (2^12 cycles, about a microsecond) before OpenBLAS is loaded, unless the
+environment sets it already. Probes on SmolLM2 (2 cores, three interleaved processes each): a
+1,024-token prefill 1.9-2.2 s instead of 2.4-2.5 s, a 64-row refresh at 2,048 keys 255-343 ms
+instead of 360-380 ms, decode steps within the run-to-run noise.
 
 Only the three GEMMs are forwarded. MLX's LAPACK calls (``mx.linalg`` factorizations) keep the
 bundled reference LAPACK/BLAS: they are not on any hot path here, and forwarding ~20 Fortran

@@ -250,7 +250,8 @@ PS_AVX2 static void panel_scores_avx2(const float *q, int64_t d, const float *kt
     __m256 a[PR][2];
     for (int r = 0; r < PR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
     for (int64_t x = 0; x < d; ++x) {
-      const __m256 k0 = _mm256_loadu_ps(kt + x * KB + c0), k1 = _mm256_loadu_ps(kt + x * KB + c0 + 8);
+      const float *row = kt + x * KB + c0;
+      const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
       for (int r = 0; r < PR; ++r) {
         const __m256 b = _mm256_broadcast_ss(q + r * d + x);
         a[r][0] = _mm256_fmadd_ps(b, k0, a[r][0]);
@@ -273,7 +274,8 @@ PS_AVX2 static void panel_values_avx2(const float *p, const float *v, int64_t v_
       a[r][1] = _mm256_loadu_ps(o + r * d + c0 + 8);
     }
     for (int64_t j = 0; j < nk; ++j) {
-      const __m256 v0 = _mm256_loadu_ps(v + j * v_rs + c0), v1 = _mm256_loadu_ps(v + j * v_rs + c0 + 8);
+      const float *row = v + j * v_rs + c0;
+      const __m256 v0 = _mm256_loadu_ps(row), v1 = _mm256_loadu_ps(row + 8);
       for (int r = 0; r < PR; ++r) {
         const __m256 b = _mm256_broadcast_ss(p + r * KB + j);
         a[r][0] = _mm256_fmadd_ps(b, v0, a[r][0]);
