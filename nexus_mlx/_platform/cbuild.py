@@ -131,11 +131,11 @@ class _NativeLibrary(Protocol):
     best: str
 
 
-L = TypeVar("L", bound=_NativeLibrary)
+_Library = TypeVar("_Library", bound=_NativeLibrary)
 
 
-def load_or_explain(env_var: str, load: Callable[[], L], what: str
-                    ) -> tuple[L | None, NativeStatus]:
+def load_or_explain(env_var: str, load: Callable[[], _Library], what: str
+                    ) -> tuple[_Library | None, NativeStatus]:
     """``load()`` a native library unless ``env_var`` turns it off (``0``/``false``/``no``/
     ``off``); a build or load failure becomes a status that says why, never an exception."""
     if os.environ.get(env_var, "").strip().lower() in ("0", "false", "no", "off"):

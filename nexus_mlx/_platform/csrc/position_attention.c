@@ -97,35 +97,33 @@ static inline int visible(int32_t q, int32_t k, int32_t window) {
   return dd >= 0 && (window <= 0 || dd < window);
 }
 
-/* ---- scalar: one row at a time over a scratch row of n scores ------------------------------ */
-static void row_scalar(const pa_call *c, int64_t h, int64_t r, float *s) {
+/* ---- scalar: one row at a time, the same online softmax as the SIMD panels ---------------- */
+static void scalar_task(const pa_call *c, int64_t task) {
+  const int64_t h = task / c->rows, r = task % c->rows;
   const float *q = c->q + h * c->q_hs + r * c->d;
   const int32_t qp = c->qpos[r % c->t];
-  float *o = c->out + (h * c->rows + r) * c->d;
-  float m = -INFINITY;
+  float *o = c->out + task * c->d;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t x = 0; x < c->d; ++x) o[x] = 0.0f;
   for (int64_t j = 0; j < c->n; ++j) {
-    s[j] = -INFINITY;
     if (!visible(qp, c->kpos[j], c->window)) continue;
     const float *k = c->k + h * c->k_hs + j * c->k_rs;
-    float acc = 0.0f;
-    for (int64_t x = 0; x < c->d; ++x) acc += q[x] * k[x];
-    s[j] = acc * c->scale;
-    if (s[j] > m) m = s[j];
-  }
-  for (int64_t x = 0; x < c->d; ++x) o[x] = 0.0f;
-  if (m == -INFINITY) {
-    for (int64_t x = 0; x < c->d; ++x) o[x] = NAN;
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < c->n; ++j) {
-    if (s[j] == -INFINITY) continue;
-    float e = expf(s[j] - m);
-    sum += e;
     const float *v = c->v + h * c->v_hs + j * c->v_rs;
+    float s = 0.0f;
+    for (int64_t x = 0; x < c->d; ++x) s += q[x] * k[x];
+    s *= c->scale;
+    if (s > m) { /* a new maximum: rescale what was summed under the old one */
+      const float alpha = m == -INFINITY ? 0.0f : expf(m - s);
+      for (int64_t x = 0; x < c->d; ++x) o[x] *= alpha;
+      l *= alpha;
+      m = s;
+    }
+    const float e = expf(s - m);
+    l += e;
     for (int64_t x = 0; x < c->d; ++x) o[x] += e * v[x];
   }
-  for (int64_t x = 0; x < c->d; ++x) o[x] /= sum;
+  const float inv = l > 0.0f ? 1.0f / l : NAN; /* no visible key: NaN, as its softmax */
+  for (int64_t x = 0; x < c->d; ++x) o[x] *= inv;
 }
 
 #if defined(NEXUS_PA_X86)
@@ -408,13 +406,6 @@ static float *scratch_keys(size_t floats) {
 }
 #endif /* x86-64 */
 
-static void scalar_task(const pa_call *c, int64_t task) {
-  float *s = (float *)malloc(sizeof(float) * (size_t)c->n);
-  if (s == NULL) return; /* the caller checked an allocation of this size moments ago */
-  row_scalar(c, task / c->rows, task % c->rows, s);
-  free(s);
-}
-
 /* ---- threads ------------------------------------------------------------------------------ */
 typedef struct {
   const pa_call *call;
@@ -499,9 +490,6 @@ NEXUS_API int nexus_pa_attention(int isa, const float *q, int64_t q_hs, const fl
   const int want = (double)hkv * (double)rows * (double)n * (double)d < NEXUS_PA_PARALLEL ? 1
                                                                                         : threads;
   if (isa == NEXUS_PA_SCALAR) {
-    float *probe = (float *)malloc(sizeof(float) * (size_t)n);
-    if (probe == NULL) return NEXUS_PA_ENOMEM;
-    free(probe);
     run_tasks(&call, scalar_task, hkv * rows, want);
     return NEXUS_PA_OK;
   }
