@@ -4,9 +4,9 @@ Contract: pass a :class:`StageProfile` as ``profile=`` to ``models.forward.forwa
 ``forward_hidden``); every stage of every layer (``qkv``, ``rope``, ``write``, ``scores``,
 ``softmax``, ``pv`` or, on the blocked CPU path, ``attention``, ``o_proj``, ``mlp``, plus
 ``embed`` and ``head``) is then evaluated where it ends and the wall time since the previous
-boundary is added to ``totals[stage]`` and ``layers[layer][stage]`` (milliseconds). Profiling changes what it measures a little (every
-boundary is a sync, so nothing overlaps across stages); without a profile nothing is evaluated
-and no clock is read. It knows nothing about what the stages compute.
+boundary is added to ``totals[stage]`` and ``layers[layer][stage]`` (milliseconds). Profiling
+changes what it measures a little (every boundary is a sync, so nothing overlaps across
+stages); without a profile nothing is evaluated and no clock is read. It knows nothing about what the stages compute.
 """
 
 from __future__ import annotations
