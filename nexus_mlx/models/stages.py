@@ -6,7 +6,8 @@ Contract: pass a :class:`StageProfile` as ``profile=`` to ``models.forward.forwa
 ``embed`` and ``head``) is then evaluated where it ends and the wall time since the previous
 boundary is added to ``totals[stage]`` and ``layers[layer][stage]`` (milliseconds). Profiling
 changes what it measures a little (every boundary is a sync, so nothing overlaps across
-stages); without a profile nothing is evaluated and no clock is read. It knows nothing about what the stages compute.
+stages); without a profile nothing is evaluated and no clock is read. It knows nothing about
+what the stages compute.
 """
 
 from __future__ import annotations
