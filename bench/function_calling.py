@@ -2,14 +2,16 @@
 score the call as a parsed structure.
 
 Contract: ``python bench/function_calling.py [--registry R] [--queries Q] [--model M] [--n N]
-[--prompt ir|native] [--reranker default|ql|choice] [--tag T] [--quick]``. ``R`` is an
+[--skip K] [--prompt ir|native] [--reranker default|ql|choice] [--no-grounding] [--tag T]
+[--quick]``. ``R`` is an
 MCP-style tool file (``{"tools": [...]}`` or a plain list) or a Seal-Tools ``tool.jsonl``
 (``nexus_mlx.tools.registry.load_tools``); default the 117 GitHub MCP tools. ``Q`` is a JSON-lines gold file (``{"id", "query", "tool", "arguments",
 "acceptable"}``, ``bench/tasks/call_scoring.py``; default ``bench/github_queries.jsonl``) or a
 Seal-Tools ``dev.jsonl``, converted at run time by ``bench/tasks/seal_queries.py`` (its
 single-call rows). Every gold call is checked against its tool's schema first
 (``call_scoring.schema_problems``); one that fails, or whose tool the registry lacks, is
-skipped and listed. ``--n``: the first N queries (0: all).
+skipped and listed. ``--n``: the first N queries (0: all) after the first ``--skip`` K (a
+held-out slice: ``--skip 60 --n 60`` is the 60 queries after the default 60).
 
 Each query is one :meth:`nexus_mlx.agent.orchestrator.Agent.turn`, the demo's path: the library
 router (:func:`~nexus_mlx.routing.router.build_router` defaults: MiniLM embedder, INT8 SLB of the
@@ -17,7 +19,8 @@ registry, gate calibrated on it, ``default_reranker`` on model ``M`` for escalat
 the one ``--reranker`` names) picks the tool, then ``generate_tool_call`` writes its arguments
 over the tool's compressed-IR signature (``--prompt native``: its full definition in the
 model's own tool prompt), the JSON constrained by the schema's grammar (greedy, at most
-``--max-argument-tokens`` sampled argument tokens). One untimed warm-up turn runs first; then
+``--max-argument-tokens`` sampled argument tokens); optional arguments the request does not
+support are dropped (``nexus_mlx.decode.grounding``; ``--no-grounding`` keeps them). One untimed warm-up turn runs first; then
 every query is timed once (route, arguments, total: wall clock per query).
 
 Scoring (``call_scoring.score_call``): the call is right when the tool is the gold one, every
@@ -34,7 +37,9 @@ not quite); ``specified_argument_accuracy`` (routed queries, only the arguments 
 specifies, the gold ``arguments``), ``argument_accuracy_e2e`` (all queries, a misrouted
 query's slots wrong), ``call_accuracy_routed``, ``json_valid`` (schema-valid and no
 placeholder text: ``ToolCallResult.valid``), ``call_accuracy_fold_case`` (a diagnostic: strings
-case-folded, inner whitespace collapsed), ``latency_ms`` (medians with bootstrap CIs of
+case-folded, inner whitespace collapsed), ``call_accuracy_ungrounded`` (the same calls with
+the dropped arguments put back: what the run scores without grounding, from the same
+generations; ``grounding_fixed`` / ``grounding_broke`` list the ids it changed), ``latency_ms`` (medians with bootstrap CIs of
 route / arguments / total), ``per_argument`` (accuracy by argument name over routed queries)
 and ``per_tool_argument``, ``failures`` (why wrong calls are wrong), ``model`` /
 ``model_info`` (the model run), ``targets`` (issue 16's, for the registry when it has them),
@@ -149,6 +154,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ("call_accuracy_routed", sum(r["call_right"] for r in routed), len(routed)),
         ("json_valid", sum(r["valid"] for r in rows), n),
         ("call_accuracy_fold_case", sum(r["call_right_fold_case"] for r in rows), n),
+        ("call_accuracy_ungrounded", sum(r["call_right_ungrounded"] for r in rows), n),
     ):
         out[key], out[f"{key}_ci"] = share(k, total)
         out[f"{key}_count"] = [k, total]
@@ -162,6 +168,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                            for k, v in sorted(by_name.items())}
     out["per_tool_argument"] = {k: {"n": len(v), "right": sum(v)}
                                 for k, v in sorted(by_tool_arg.items())}
+    out["grounding_fixed"] = [r["id"] for r in rows
+                              if r["call_right"] and not r["call_right_ungrounded"]]
+    out["grounding_broke"] = [r["id"] for r in rows
+                              if r["call_right_ungrounded"] and not r["call_right"]]
     out["failures"] = dict(Counter(why_wrong(r) for r in rows if not r["call_right"]))
     return out
 
@@ -213,6 +223,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--registry", type=Path, default=GITHUB_TOOLS)
     parser.add_argument("--queries", type=Path, default=GITHUB_QUERIES)
     parser.add_argument("--n", type=int, default=0, help="first n queries (0: all)")
+    parser.add_argument("--skip", type=int, default=0, help="skip the first k queries")
     parser.add_argument("--tag", default="")
     parser.add_argument("--max-argument-tokens", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--optional-margin", type=float, default=DEFAULT_OPTIONAL_MARGIN,
@@ -221,6 +232,8 @@ def main() -> dict[str, Any]:
     parser.add_argument("--prompt", choices=PROMPT_STYLES, default="ir",
                         help="argument prompt: the compressed-IR signature (ir) or the model's "
                              "own tool prompt with the full schema (native)")
+    parser.add_argument("--no-grounding", action="store_true",
+                        help="keep optional arguments the request does not support")
     parser.add_argument("--reranker", choices=("default", "ql", "choice"), default="default",
                         help="the router's reranker: the library default for the model "
                              "(default_reranker), query likelihood, or tool choice")
@@ -228,7 +241,7 @@ def main() -> dict[str, Any]:
     wall = time.perf_counter()
     registry = load_tools(args.registry)
     gold, skipped = load_gold(args.queries, registry)
-    gold = gold[: QUICK_QUERIES if args.quick else (args.n or None)]
+    gold = gold[args.skip:][: QUICK_QUERIES if args.quick else (args.n or None)]
     if not gold:
         raise SystemExit(f"no scorable gold calls in {args.queries} ({len(skipped)} skipped)")
     budget = min(args.max_argument_tokens, QUICK_BUDGET) if args.quick else \
@@ -244,7 +257,8 @@ def main() -> dict[str, Any]:
                           reranker=reranker(model, tokenizer) if reranker else None)
     setup_s = time.perf_counter() - start
     agent = Agent(model, tokenizer, registry, router, max_argument_tokens=budget,
-                  optional_margin=args.optional_margin, prompt_style=args.prompt)
+                  optional_margin=args.optional_margin, prompt_style=args.prompt,
+                  ground_optional=not args.no_grounding)
     agent.turn([{"role": "user", "content": gold[0].query}])  # warm-up (untimed)
 
     rows: list[dict[str, Any]] = []
@@ -258,6 +272,7 @@ def main() -> dict[str, Any]:
         required = gold_schema.get("required") or ()
         score: CallScore = score_call(call, result.name, result.arguments, required)
         lenient = score_call(call, result.name, result.arguments, required, fold_case=True)
+        raw = score_call(call, result.name, {**result.arguments, **result.dropped}, required)
         schema_ok = result.complete and not schema_errors(result.arguments,
                                                           routed_tool.input_schema)
         rows.append({
@@ -268,6 +283,7 @@ def main() -> dict[str, Any]:
             "specified": sorted(call.arguments), "argument_right": score.arguments,
             "unknown": list(score.unknown), "missing_required": list(score.missing_required),
             "call_right": score.call_right, "call_right_fold_case": lenient.call_right,
+            "dropped": result.dropped, "call_right_ungrounded": raw.call_right,
             "complete": result.complete,
             "schema_valid": bool(schema_ok), "valid": result.valid,
             "errors": list(result.errors), "mode": result.mode,
@@ -300,6 +316,7 @@ def main() -> dict[str, Any]:
                         "generate_tool_call (greedy, schema grammar)",
             "prompt": args.prompt,
             "max_argument_tokens": budget, "optional_margin": args.optional_margin,
+            "ground_optional": not args.no_grounding, "skip": args.skip,
             "k": router.k, "tau": router.gate.tau,
             "calibration": router.calibration.describe() if router.calibration else None,
             "reranker": type(router.reranker).__name__,

@@ -106,6 +106,10 @@ def function_calling_section(d: dict[str, Any]) -> list[str]:
              fmt(get(d, "targets", k), ".2f")] for k in keys]
     rows += [[k.replace("_", " "), fmt(d.get(k), ".3f"), "", fmt(get(d, "targets", k), ".2f")]
              for k in ("specified_argument_accuracy", "json_valid")]
+    if "call_accuracy_ungrounded" in d:  # runs since grounding: the same calls, nothing dropped
+        rows.append(["call accuracy, ungrounded arguments kept",
+                     fmt(d.get("call_accuracy_ungrounded"), ".3f"),
+                     fmt_ci(d.get("call_accuracy_ungrounded_ci"), ".3f"), ""])
     latency = mapping(d, "latency_ms")
     head = [f"Queries: {fmt(d.get('n'))}; median latency per query "
                              f"{fmt(get(latency, 'total', 'median'), '.0f')} ms "

@@ -18,6 +18,7 @@ from nexus_mlx.decode.call_format import (
     TurnConstraint,
     call_schema,
     checked_calls,
+    grounded_calls,
     intended_calls,
     normalized_messages,
     parse_tool_calls,
@@ -77,6 +78,19 @@ def test_bare_json_calls_count_only_for_offered_tools():
     good = checked_calls(parse_tool_calls(fenced, ["get_time"]), [TIME, LOG])
     assert [c.name for c in good.calls] == ["get_time"] and good.errors == []
     assert checked_calls(good, [LOG]).errors == ["'get_time' is not an offered tool"]
+
+
+def test_grounded_calls_drop_optional_arguments_the_conversation_does_not_support():
+    text = (f"{CALL_OPEN}\n" + '{"name": "git_log", "arguments": {"max_count": 10}}' + f"\n{CALL_CLOSE}"
+            f"\n{CALL_OPEN}\n" + '{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'
+            + f"\n{CALL_CLOSE}")
+    turn = checked_calls(parse_tool_calls(text), [TIME, LOG])
+    grounded = grounded_calls(turn, [TIME, LOG], "the three latest commits, and the time")
+    assert [(c.name, c.arguments, c.dropped) for c in grounded.calls] == [
+        ("git_log", {}, {"max_count": 10}),                   # optional and invented: dropped
+        ("get_time", {"timezone": "Asia/Tokyo"}, {})]          # required: never judged
+    said = grounded_calls(turn, [TIME, LOG], "show me the last 10 commits")
+    assert said.calls[0].arguments == {"max_count": 10} and said.calls[0].dropped == {}
 
 
 def test_calls_written_as_prose_are_found_for_offered_tools_only():

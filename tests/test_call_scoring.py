@@ -229,7 +229,8 @@ def _row(routed_ok, call_right, slots, specified=(), **extra):
            "specified": list(specified), "schema_valid": True, "valid": True,
            "complete": True, "missing_required": [], "unknown": [], "escalated": False,
            "gold": "t", "ms": {"route": 10.0, "arguments": 20.0, "total": 30.0}}
-    return {**row, "call_right_fold_case": row["call_right"], **extra}
+    return {**row, "call_right_fold_case": row["call_right"], "id": f"q{len(slots)}{call_right}",
+            "call_right_ungrounded": row["call_right"], **extra}
 
 
 def test_summary_counts_arguments_on_routed_queries_only():
@@ -252,6 +253,19 @@ def test_summary_counts_arguments_on_routed_queries_only():
     lo, hi = out["routing_accuracy_ci"]
     assert 0 < lo < 0.75 < hi < 1
     assert out["latency_ms"]["total"]["median"] == 30.0
+    assert out["call_accuracy_ungrounded"] == 0.25
+    assert out["grounding_fixed"] == out["grounding_broke"] == []
+
+
+def test_summary_scores_the_calls_with_and_without_grounding():
+    import function_calling as fc
+
+    rows = [_row(True, True, {"a": True}, id="fixed", call_right_ungrounded=False),
+            _row(True, False, {"a": False}, id="broke", call_right_ungrounded=True),
+            _row(True, True, {"a": True}, id="same")]
+    out = fc.summarize(rows)
+    assert out["call_accuracy_count"] == [2, 3] and out["call_accuracy_ungrounded_count"] == [2, 3]
+    assert out["grounding_fixed"] == ["fixed"] and out["grounding_broke"] == ["broke"]
 
 
 def test_load_gold_converts_seal_rows_and_skips_unscorable_ones(tmp_path):

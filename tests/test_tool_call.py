@@ -9,6 +9,7 @@ import mlx.core as mx
 import pytest
 
 from nexus_mlx.decode.generate import generate_tokens
+from nexus_mlx.decode.grounding import Evidence
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import NameFSM, vocab_of
 from nexus_mlx.decode.placeholders import find_placeholders
@@ -265,3 +266,28 @@ def test_restraint_drops_members_and_changes_no_value(tiny, default_tokenizer, g
                               optional_margin=1e4)
     required = tool.input_schema["required"]
     assert held.valid and held.arguments == {k: free.arguments[k] for k in required}
+
+
+def test_generate_tool_call_drops_only_what_the_request_does_not_support(tiny, default_tokenizer):
+    """A random model fills optional arguments with noise: with the request as evidence the
+    noise is dropped and reported; the required argument, the text and the tokens stay."""
+    tool = Tool("set_mode", "Set a mode", {"type": "object", "required": ["on"], "properties": {
+        "on": {"type": "boolean"}, "level": {"type": "integer"}, "verbose": {"type": "boolean"},
+        "mode": {"type": "string", "enum": ["fast", "slow", "auto"]}}})
+    request = "switch it on, level 3"
+    prompt = tool_call_prompt(default_tokenizer, request, [tool])
+    seen = 0
+    for seed in range(1, 7):
+        kwargs = dict(max_argument_tokens=24, optional_margin=0, quoted=request)
+        kept = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool],
+                                  sampler=_sampler(seed), **kwargs)
+        raw = generate_tool_call(tiny, default_tokenizer, None, prompt, [tool],
+                                 sampler=_sampler(seed), ground_optional=False, **kwargs)
+        assert kept.text == raw.text and kept.tokens == raw.tokens and raw.dropped == {}
+        assert raw.complete and json.loads(raw.text)["arguments"] == raw.arguments
+        assert {**kept.arguments, **kept.dropped} == raw.arguments and "on" in kept.arguments
+        evidence = Evidence(request)
+        assert all(evidence.supports(v, k) for k, v in kept.arguments.items() if k != "on")
+        assert all(not evidence.supports(v, k) for k, v in kept.dropped.items())
+        seen += len(kept.dropped)
+    assert seen > 0  # the random model did invent something, and it went

@@ -68,6 +68,7 @@ class Agent:
         max_argument_tokens: int = 96,
         optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
         prompt_style: str = "ir",
+        ground_optional: bool = True,
     ) -> None:
         if prompt_style not in PROMPT_STYLES:
             raise ArgumentError(f"unknown prompt style {prompt_style!r}; choose one of "
@@ -79,6 +80,7 @@ class Agent:
         self.max_argument_tokens = max_argument_tokens
         self.optional_margin = optional_margin  # see generate_tool_call
         self.prompt_style = prompt_style  # "ir" or "native": see tool_call_prompt
+        self.ground_optional = ground_optional  # see generate_tool_call
         self.lock = threading.RLock()
         self.session: Session | None = None  # the live conversation of run(), made on first use
         self.history: list[dict[str, Any]] = []
@@ -127,7 +129,8 @@ class Agent:
             call = generate_tool_call(self.model, self.tokenizer, None, prompt, [tool],
                                       max_argument_tokens=self.max_argument_tokens,
                                       optional_margin=self.optional_margin,
-                                      quoted=quoted_text(window))
+                                      quoted=quoted_text(window),
+                                      ground_optional=self.ground_optional)
             timings["arguments"] = time.perf_counter() - start
             return AgentTurn(decision, call, window, len(prompt), timings)
 

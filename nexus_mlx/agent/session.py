@@ -64,6 +64,7 @@ from nexus_mlx.decode.call_format import (
     ParsedTurn,
     checked_calls,
     function_of,
+    grounded_calls,
     normalized_messages,
     parse_tool_calls,
     renders_tools,
@@ -74,6 +75,7 @@ from nexus_mlx.decode.call_format import (
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.name_fsm import mask_logits
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
+from nexus_mlx.decode.tool_call import quoted_text
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot
@@ -386,6 +388,7 @@ class Session:
         logits_processors: Sequence[LogitsProcessor] = (),
         on_token: Callable[[int, str], None] | None = None,
         optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
+        ground_optional: bool = True,
     ) -> Reply:
         """Step to the request, then decode up to ``max_tokens`` ids (greedy by default) from
         the live cache under the turn's constraint (``tool_choice`` over ``tools``, or a
@@ -393,7 +396,10 @@ class Session:
         returned). ``logits_processors`` (mlx-lm's ``(ids so far, logits (1, V)) -> logits``) run
         before the constraint's mask. ``on_token(id, text_so_far)`` is called after each id (for
         streaming). ``optional_margin``: the restraint on optional call arguments
-        (:class:`~nexus_mlx.decode.call_format.TurnConstraint`; 0: off)."""
+        (:class:`~nexus_mlx.decode.call_format.TurnConstraint`; 0: off). ``ground_optional``:
+        drop from each call the optional arguments the conversation's text does not support
+        (:func:`~nexus_mlx.decode.call_format.grounded_calls`; the reply's ``text`` keeps what
+        the model wrote)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
@@ -411,6 +417,8 @@ class Session:
         names = [function_of(tool)["name"] for tool in tools or ()]
         parsed = parse_tool_calls(text, names) if calls_allowed else ParsedTurn(text.strip())
         parsed = checked_calls(parsed, tools or ())
+        if ground_optional and parsed.calls:
+            parsed = grounded_calls(parsed, tools or (), quoted_text(messages))
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,

@@ -20,7 +20,9 @@ Contract:
   call's arguments take a member past the required ones only where the model prefers it
   clearly; 0 turns it off); ``accept(token)`` advances. Expected refusals are masks, never
   exceptions.
-- :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls.
+- :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls;
+  :func:`checked_calls` keeps the calls that validate; :func:`grounded_calls` drops the optional
+  arguments the conversation does not support (:mod:`~nexus_mlx.decode.grounding`).
 - :func:`intended_calls` names the offered tools a reply writes out as JSON in its prose (a small
   model describing a call instead of making it), so a caller can ask for that call in the format;
   :func:`prose_answer` is a logits processor for a turn that must answer in words: its first
@@ -43,6 +45,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.decode.grounding import Evidence, grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
@@ -58,6 +61,7 @@ _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLO
 class ParsedCall:
     name: str
     arguments: dict[str, Any]
+    dropped: dict[str, Any] = field(default_factory=dict)  # see grounded_calls
 
 
 @dataclass
@@ -194,6 +198,20 @@ def checked_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]]) -> Parse
         else:
             good.append(call)
     return ParsedTurn(turn.content, good, errors)
+
+
+def grounded_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]],
+                   evidence: str) -> ParsedTurn:
+    """``turn`` with each call's optional arguments that ``evidence`` (the conversation's text)
+    does not support dropped and kept in the call's ``dropped``
+    (:func:`~nexus_mlx.decode.grounding.grounded_arguments`). Calls must be checked first."""
+    schemas = {function_of(t)["name"]: function_of(t).get("parameters") or {} for t in tools}
+    index = Evidence(evidence)
+    calls = []
+    for call in turn.calls:
+        kept, dropped = grounded_arguments(call.arguments, schemas.get(call.name) or {}, index)
+        calls.append(ParsedCall(call.name, kept, dropped))
+    return ParsedTurn(turn.content, calls, list(turn.errors))
 
 
 def tools_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:

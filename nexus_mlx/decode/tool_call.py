@@ -26,6 +26,10 @@ returns a :class:`ToolCallResult`. The generated text is always::
    tokens (a value still being written) are untouched. The default,
    :data:`DEFAULT_OPTIONAL_MARGIN`, was chosen on GitHub MCP queries and held out on Seal-Tools
    (Qwen2.5-Coder-0.5B: call accuracy 0.38 -> 0.62 there); 0 turns it off.
+3. Grounding (``ground_optional``, on by default, given ``quoted`` text): once the arguments
+   are complete, an optional argument whose value that text does not support is dropped from
+   ``result.arguments`` and listed in ``result.dropped`` (:mod:`~.grounding`; the API's default
+   then applies). ``text`` and ``tokens`` stay what the model wrote.
 
 ``result.errors`` is empty when the arguments parse, validate against the schema (``jsonschema``)
 and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MCP and sampled
@@ -63,6 +67,7 @@ import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
 from nexus_mlx.decode.generate import Sampler, greedy
+from nexus_mlx.decode.grounding import grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
@@ -132,6 +137,7 @@ class ToolCallResult:
     complete: bool = True
     sampled_tokens: int = 0
     errors: tuple[str, ...] = field(default_factory=tuple)
+    dropped: dict[str, Any] = field(default_factory=dict)  # ungrounded optional arguments
 
     @property
     def valid(self) -> bool:
@@ -256,10 +262,13 @@ def generate_tool_call(
     guard_placeholders: bool = True,
     optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     quoted: str | None = None,
+    ground_optional: bool = True,
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring).
     ``quoted``: the text the call answers (the request, tool results): values found in it are
-    never refused as placeholders (:mod:`~nexus_mlx.decode.placeholders`)."""
+    never refused as placeholders (:mod:`~nexus_mlx.decode.placeholders`), and with
+    ``ground_optional`` an optional argument it does not support is dropped from the call
+    (:mod:`~nexus_mlx.decode.grounding`; reported in ``result.dropped``)."""
     if not tools:
         raise ArgumentError("generate_tool_call needs at least one candidate tool")
     by_name = {t.qualified_name: t for t in tools}
@@ -362,11 +371,15 @@ def generate_tool_call(
 
     complete = constraint.is_complete()
     arguments: dict[str, Any] = {}
+    dropped: dict[str, Any] = {}
     errors: list[str] = []
     if complete:
         value = constraint.value()
         if isinstance(value, dict):
             arguments = value
+            if ground_optional and quoted is not None:
+                arguments, dropped = grounded_arguments(value, tool.input_schema, quoted)
+                value = arguments
         errors = check_arguments(value, tool.input_schema, names=list(by_name), quoted=quoted)
     else:
         errors = [f"incomplete: no complete JSON within {max_argument_tokens} + "
@@ -386,6 +399,7 @@ def generate_tool_call(
         complete=complete,
         sampled_tokens=sampled,
         errors=tuple(errors),
+        dropped=dropped,
     )
 
 
