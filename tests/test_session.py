@@ -245,6 +245,28 @@ def test_tool_turns_in_the_call_format_on_a_template_without_tools(default_model
     assert isinstance(json.loads(shaped.text)["city"], str) and shaped.finish_reason == "stop"
 
 
+def test_generated_calls_drop_optional_arguments_the_conversation_does_not_support(
+        default_model):
+    """Unrestrained, SmolLM2 invents a git_log max_count (1000): grounded, the call drops it and
+    the reply keeps the text the model wrote; a count the user asked for stays."""
+    model, tokenizer = default_model
+    named = {"type": "function", "function": {"name": "git_log"}}
+
+    def call(request: str, ground: bool):
+        reply = Session(model, tokenizer).generate(
+            [{"role": "user", "content": request}], [TIME_TOOL, LOG_TOOL], tool_choice=named,
+            max_tokens=40, optional_margin=0, ground_optional=ground)
+        return reply, reply.tool_calls[0]
+
+    raw_reply, raw = call("Show the recent commits", False)
+    reply, grounded = call("Show the recent commits", True)
+    assert reply.text == raw_reply.text and raw.dropped == {}
+    assert "max_count" in raw.arguments and grounded.dropped == raw.arguments  # invented
+    assert grounded.arguments == {}
+    _, kept = call("Show the last 1000 commits", True)  # the model writes the count it was given
+    assert kept.arguments == {"max_count": 1000} and kept.dropped == {}
+
+
 def test_a_saved_session_continues_exactly_and_refuses_other_models(model, tmp_path):
     from nexus_mlx.agent.session_file import load_session, save_session
     from nexus_mlx.errors import FormatError, ModelMismatchError
