@@ -81,7 +81,10 @@ class Evidence:
     def __init__(self, text: str) -> None:
         self.flat = " ".join(text.casefold().split())
         self.words = set(words(text))
-        self.stems = {_stem(w) for w in self.words if len(w) >= MIN_STEM}
+        self.stems: dict[str, set[str]] = {}  # stems by their first MIN_STEM characters
+        for w in self.words:
+            if len(w) >= MIN_STEM:
+                self.stems.setdefault(w[:MIN_STEM], set()).add(_stem(w))
         self.numbers = {n for n in map(_number, self.words) if n is not None}
         self.numbers |= {float(i) for names in (_NUMBER_WORDS, _ORDINALS)
                          for i, w in enumerate(names) if w in self.words}
@@ -95,9 +98,11 @@ class Evidence:
             return number in self.numbers or number in self.months
         if word in self.words:
             return True
-        return len(word) >= MIN_STEM and any(
-            stem.startswith(_stem(word)) or _stem(word).startswith(stem) for stem in self.stems
-            if len(stem) >= MIN_STEM)
+        if len(word) < MIN_STEM:
+            return False
+        own = _stem(word)
+        return any(stem.startswith(own) or own.startswith(stem)
+                   for stem in self.stems.get(word[:MIN_STEM], ()))
 
     def supports_text(self, value: str) -> bool:
         """A string value (module docstring)."""
