@@ -20,8 +20,8 @@ the one ``--reranker`` names) picks the tool, then ``generate_tool_call`` writes
 over the tool's compressed-IR signature (``--prompt native``: its full definition in the
 model's own tool prompt), the JSON constrained by the schema's grammar (greedy, at most
 ``--max-argument-tokens`` sampled argument tokens); optional arguments the request does not
-support are dropped (``nexus_mlx.decode.grounding``; ``--no-grounding`` keeps them). One untimed warm-up turn runs first; then
-every query is timed once (route, arguments, total: wall clock per query).
+support are dropped (``nexus_mlx.decode.grounding``; ``--no-grounding`` keeps them). One
+untimed warm-up turn runs first; then every query is timed once (route, arguments, total: wall clock per query).
 
 Scoring (``call_scoring.score_call``): the call is right when the tool is the gold one, every
 argument the gold names has an acceptable value (or is omitted where ``""`` is acceptable), it
@@ -39,8 +39,8 @@ query's slots wrong), ``call_accuracy_routed``, ``json_valid`` (schema-valid and
 placeholder text: ``ToolCallResult.valid``), ``call_accuracy_fold_case`` (a diagnostic: strings
 case-folded, inner whitespace collapsed), ``call_accuracy_ungrounded`` (the same calls with
 the dropped arguments put back: what the run scores without grounding, from the same
-generations; ``grounding_fixed`` / ``grounding_broke`` list the ids it changed), ``latency_ms`` (medians with bootstrap CIs of
-route / arguments / total), ``per_argument`` (accuracy by argument name over routed queries)
+generations; ``grounding_fixed`` / ``grounding_broke`` list the ids it changed),
+``latency_ms`` (medians with bootstrap CIs of route / arguments / total), ``per_argument`` (accuracy by argument name over routed queries)
 and ``per_tool_argument``, ``failures`` (why wrong calls are wrong), ``model`` /
 ``model_info`` (the model run), ``targets`` (issue 16's, for the registry when it has them),
 ``per_query``. Writes ``results/function_calling[_<tag>].json`` (``results/quick/`` with
