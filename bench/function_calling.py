@@ -21,7 +21,8 @@ over the tool's compressed-IR signature (``--prompt native``: its full definitio
 model's own tool prompt), the JSON constrained by the schema's grammar (greedy, at most
 ``--max-argument-tokens`` sampled argument tokens); optional arguments the request does not
 support are dropped (``nexus_mlx.decode.grounding``; ``--no-grounding`` keeps them). One
-untimed warm-up turn runs first; then every query is timed once (route, arguments, total: wall clock per query).
+untimed warm-up turn runs first; then every query is timed once (route, arguments, total: wall
+clock per query).
 
 Scoring (``call_scoring.score_call``): the call is right when the tool is the gold one, every
 argument the gold names has an acceptable value (or is omitted where ``""`` is acceptable), it
