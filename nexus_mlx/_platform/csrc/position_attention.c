@@ -139,57 +139,38 @@ static void transpose_block(const float *k, int64_t k_rs, int64_t nk, int64_t d,
   }
 }
 
-/* s[r * KB + j] = sum_x q[r * d + x] * kt[x * KB + j]: a 4 x 64 panel in 16 accumulators. */
-PS_AVX512 static void panel_scores(const float *q, int64_t d, const float *kt, float *s) {
-  __m512 a[PR][4];
-  for (int r = 0; r < PR; ++r)
-    for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
-  for (int64_t x = 0; x < d; ++x) {
-    const float *row = kt + x * KB;
-    const __m512 k0 = _mm512_loadu_ps(row), k1 = _mm512_loadu_ps(row + 16);
-    const __m512 k2 = _mm512_loadu_ps(row + 32), k3 = _mm512_loadu_ps(row + 48);
-    for (int r = 0; r < PR; ++r) {
-      const __m512 b = _mm512_set1_ps(q[r * d + x]);
-      a[r][0] = _mm512_fmadd_ps(b, k0, a[r][0]);
-      a[r][1] = _mm512_fmadd_ps(b, k1, a[r][1]);
-      a[r][2] = _mm512_fmadd_ps(b, k2, a[r][2]);
-      a[r][3] = _mm512_fmadd_ps(b, k3, a[r][3]);
-    }
-  }
-  for (int r = 0; r < PR; ++r)
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * KB + 16 * c, a[r][c]);
-}
-
-/* o[r * d + x] += sum_{j < nk} p[r * KB + j] * v[j * v_rs + x] (d % 16 == 0): 64 columns of o
- * at a time in 16 accumulators, then 16 at a time for the rest. */
-PS_AVX512 static void panel_values(const float *p, const float *v, int64_t v_rs, int64_t nk,
-                                   int64_t d, float *o) {
+/* o[r * ldo + c] += sum_{x < kdim} a[r * lda + x] * b[x * ldb + c] for the PR rows and the
+ * ncols (a multiple of 16) columns: 64 columns at a time in 16 accumulators, then 16 at a time.
+ * The scores are this over the transposed keys, the values over the probabilities. */
+PS_AVX512 static void panel_fma(const float *a, int64_t lda, const float *b, int64_t ldb,
+                                int64_t kdim, int64_t ncols, float *o, int64_t ldo) {
   int64_t c0 = 0;
-  for (; c0 + 64 <= d; c0 += 64) {
-    __m512 a[PR][4];
+  for (; c0 + 64 <= ncols; c0 += 64) {
+    __m512 acc[PR][4];
     for (int r = 0; r < PR; ++r)
-      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_loadu_ps(o + r * d + c0 + 16 * c);
-    for (int64_t j = 0; j < nk; ++j) {
-      const float *row = v + j * v_rs + c0;
-      const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16);
-      const __m512 v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_loadu_ps(o + r * ldo + c0 + 16 * c);
+    for (int64_t x = 0; x < kdim; ++x) {
+      const float *row = b + x * ldb + c0;
+      const __m512 b0 = _mm512_loadu_ps(row), b1 = _mm512_loadu_ps(row + 16);
+      const __m512 b2 = _mm512_loadu_ps(row + 32), b3 = _mm512_loadu_ps(row + 48);
       for (int r = 0; r < PR; ++r) {
-        const __m512 b = _mm512_set1_ps(p[r * KB + j]);
-        a[r][0] = _mm512_fmadd_ps(b, v0, a[r][0]);
-        a[r][1] = _mm512_fmadd_ps(b, v1, a[r][1]);
-        a[r][2] = _mm512_fmadd_ps(b, v2, a[r][2]);
-        a[r][3] = _mm512_fmadd_ps(b, v3, a[r][3]);
+        const __m512 w = _mm512_set1_ps(a[r * lda + x]);
+        acc[r][0] = _mm512_fmadd_ps(w, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(w, b1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(w, b2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(w, b3, acc[r][3]);
       }
     }
     for (int r = 0; r < PR; ++r)
-      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + r * d + c0 + 16 * c, a[r][c]);
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + r * ldo + c0 + 16 * c, acc[r][c]);
   }
-  for (; c0 < d; c0 += 16) {
+  for (; c0 < ncols; c0 += 16) {
     for (int r = 0; r < PR; ++r) {
-      __m512 a = _mm512_loadu_ps(o + r * d + c0);
-      for (int64_t j = 0; j < nk; ++j)
-        a = _mm512_fmadd_ps(_mm512_set1_ps(p[r * KB + j]), _mm512_loadu_ps(v + j * v_rs + c0), a);
-      _mm512_storeu_ps(o + r * d + c0, a);
+      __m512 acc = _mm512_loadu_ps(o + r * ldo + c0);
+      for (int64_t x = 0; x < kdim; ++x)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + x]), _mm512_loadu_ps(b + x * ldb + c0),
+                              acc);
+      _mm512_storeu_ps(o + r * ldo + c0, acc);
     }
   }
 }
@@ -242,47 +223,27 @@ PS_AVX512 static void row_softmax_avx512(const pa_call *c, const int32_t *kp, in
 }
 
 
-/* ---- AVX2 + FMA: the same panels, 16 keys or 16 output columns at a time ------------------ */
-PS_AVX2 static void panel_scores_avx2(const float *q, int64_t d, const float *kt, float *s) {
-  for (int c0 = 0; c0 < KB; c0 += 16) {
-    __m256 a[PR][2];
-    for (int r = 0; r < PR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
-    for (int64_t x = 0; x < d; ++x) {
-      const float *row = kt + x * KB + c0;
-      const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
+/* ---- AVX2 + FMA: the same panel multiply-add and softmax step, 16 columns at a time ------- */
+PS_AVX2 static void panel_fma_avx2(const float *a, int64_t lda, const float *b, int64_t ldb,
+                                   int64_t kdim, int64_t ncols, float *o, int64_t ldo) {
+  for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+    __m256 acc[PR][2];
+    for (int r = 0; r < PR; ++r) {
+      acc[r][0] = _mm256_loadu_ps(o + r * ldo + c0);
+      acc[r][1] = _mm256_loadu_ps(o + r * ldo + c0 + 8);
+    }
+    for (int64_t x = 0; x < kdim; ++x) {
+      const float *row = b + x * ldb + c0;
+      const __m256 b0 = _mm256_loadu_ps(row), b1 = _mm256_loadu_ps(row + 8);
       for (int r = 0; r < PR; ++r) {
-        const __m256 b = _mm256_broadcast_ss(q + r * d + x);
-        a[r][0] = _mm256_fmadd_ps(b, k0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(b, k1, a[r][1]);
+        const __m256 w = _mm256_broadcast_ss(a + r * lda + x);
+        acc[r][0] = _mm256_fmadd_ps(w, b0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w, b1, acc[r][1]);
       }
     }
     for (int r = 0; r < PR; ++r) {
-      _mm256_storeu_ps(s + r * KB + c0, a[r][0]);
-      _mm256_storeu_ps(s + r * KB + c0 + 8, a[r][1]);
-    }
-  }
-}
-
-PS_AVX2 static void panel_values_avx2(const float *p, const float *v, int64_t v_rs, int64_t nk,
-                                      int64_t d, float *o) {
-  for (int64_t c0 = 0; c0 < d; c0 += 16) {
-    __m256 a[PR][2];
-    for (int r = 0; r < PR; ++r) {
-      a[r][0] = _mm256_loadu_ps(o + r * d + c0);
-      a[r][1] = _mm256_loadu_ps(o + r * d + c0 + 8);
-    }
-    for (int64_t j = 0; j < nk; ++j) {
-      const float *row = v + j * v_rs + c0;
-      const __m256 v0 = _mm256_loadu_ps(row), v1 = _mm256_loadu_ps(row + 8);
-      for (int r = 0; r < PR; ++r) {
-        const __m256 b = _mm256_broadcast_ss(p + r * KB + j);
-        a[r][0] = _mm256_fmadd_ps(b, v0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(b, v1, a[r][1]);
-      }
-    }
-    for (int r = 0; r < PR; ++r) {
-      _mm256_storeu_ps(o + r * d + c0, a[r][0]);
-      _mm256_storeu_ps(o + r * d + c0 + 8, a[r][1]);
+      _mm256_storeu_ps(o + r * ldo + c0, acc[r][0]);
+      _mm256_storeu_ps(o + r * ldo + c0 + 8, acc[r][1]);
     }
   }
 }
@@ -330,14 +291,14 @@ PS_AVX2 static void row_softmax_avx2(const pa_call *c, const int32_t *kp, int64_
 
 /* ---- the panel driver, shared by both SIMD paths ------------------------------------------ */
 typedef struct {
-  void (*scores)(const float *q, int64_t d, const float *kt, float *s);
+  void (*fma)(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t kdim,
+              int64_t ncols, float *o, int64_t ldo);
   void (*row_softmax)(const pa_call *c, const int32_t *kp, int64_t nk, int all, int32_t qp,
                       float *s, float *m, float *l, float *o);
-  void (*values)(const float *p, const float *v, int64_t v_rs, int64_t nk, int64_t d, float *o);
 } panel_ops;
 
-static const panel_ops AVX512_OPS = {panel_scores, row_softmax_avx512, panel_values};
-static const panel_ops AVX2_OPS = {panel_scores_avx2, row_softmax_avx2, panel_values_avx2};
+static const panel_ops AVX512_OPS = {panel_fma, row_softmax_avx512};
+static const panel_ops AVX2_OPS = {panel_fma_avx2, row_softmax_avx2};
 
 /* The rows [r0, r0 + PR) of head h (fewer at the end: the panel repeats row r0 and drops it). */
 static void run_panel(const pa_call *c, int64_t task, const panel_ops *ops) {
@@ -367,10 +328,11 @@ static void run_panel(const pa_call *c, int64_t task, const panel_ops *ops) {
     const int64_t j0 = b * KB, nk = c->n - j0 < KB ? c->n - j0 : KB;
     const int all = k_hi <= q_lo && (c->window <= 0 || (int64_t)q_hi - k_lo < c->window);
     for (int64_t j = 0; j < KB; ++j) kp[j] = j < nk ? c->kpos[j0 + j] : INT32_MAX;
-    ops->scores(q, d, kt + b * d * KB, s);
+    memset(s, 0, sizeof(float) * PR * KB);
+    ops->fma(q, d, kt + b * d * KB, KB, d, KB, s, KB); /* scores: q (PR x d) @ kt (d x KB) */
     for (int r = 0; r < PR; ++r)
       ops->row_softmax(c, kp, nk, all, qp[r], s + r * KB, &m[r], &l[r], o + r * d);
-    ops->values(s, c->v + h * c->v_hs + j0 * c->v_rs, c->v_rs, nk, d, o);
+    ops->fma(s, KB, c->v + h * c->v_hs + j0 * c->v_rs, c->v_rs, nk, d, o, d); /* o += p @ v */
   }
   for (int r = 0; r < nr; ++r) {
     float *dst = c->out + (h * c->rows + r0 + r) * d;
