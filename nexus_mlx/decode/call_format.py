@@ -183,10 +183,15 @@ def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
     return ParsedTurn(_CALL.sub("", text).strip(), calls, errors)
 
 
+def parameter_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """{tool name: its parameters' JSON schema ({} when it has none)}."""
+    return {function_of(t)["name"]: function_of(t).get("parameters") or {} for t in tools}
+
+
 def checked_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]]) -> ParsedTurn:
     """``turn`` with every call checked against its tool's schema (``jsonschema``): calls to
     tools not offered, or whose arguments do not validate, move to ``errors``."""
-    schemas = {function_of(t)["name"]: function_of(t).get("parameters") or {} for t in tools}
+    schemas = parameter_schemas(tools)
     good, errors = [], list(turn.errors)
     for call in turn.calls:
         if call.name not in schemas:
@@ -205,7 +210,7 @@ def grounded_calls(turn: ParsedTurn, tools: Sequence[Mapping[str, Any]],
     """``turn`` with each call's optional arguments that ``evidence`` (the conversation's text)
     does not support dropped and kept in the call's ``dropped``
     (:func:`~nexus_mlx.decode.grounding.grounded_arguments`). Calls must be checked first."""
-    schemas = {function_of(t)["name"]: function_of(t).get("parameters") or {} for t in tools}
+    schemas = parameter_schemas(tools)
     index = Evidence(evidence)
     calls = []
     for call in turn.calls:
