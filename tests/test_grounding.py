@@ -29,6 +29,7 @@ SCHEMA = {"type": "object", "required": ["owner", "repo"], "properties": {
     ("label it bug and ui", ["bug", "ui"], "labels"),
     ("the crash on the login page", "Login page crash", "title"),  # every word, any order
     ("reset it", None, "anything"),                        # an explicit null is kept
+    ("photos by Nan Goldin", "Goldin Nan", "artist"),  # "nan" is a word, not a number
 ])
 def test_supported_values(text, value, name):
     assert Evidence(text).supports(value, name)

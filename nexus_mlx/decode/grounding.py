@@ -65,9 +65,12 @@ def words(text: str) -> list[str]:
 
 
 def _number(word: str) -> float | None:
+    """The value of a :func:`words` number (ASCII digits first: "nan" and "inf" are words)."""
+    if not ("0" <= word[:1] <= "9"):
+        return None
     try:
         return float(word.replace(",", ""))
-    except ValueError:
+    except ValueError:  # other digits the word pattern takes ("¹")
         return None
 
 
