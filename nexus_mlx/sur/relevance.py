@@ -5,6 +5,8 @@ Contract: ``token_relevance(model, suffix, query) -> r`` of shape ``(S,)`` (floa
 in float32 (a quantized table is dequantized, only for the rows asked for). The cosine is computed
 in blocks of :data:`BLOCK` suffix tokens; a zero embedding row has cosine 0 with everything.
 The table is read as stored: an architecture's embedding scale (Gemma) does not change a cosine.
+A suffix token that occurs in the query has cosine exactly 1 (0 for a zero row), not float32's
+rounding of it, so units that match the query equally tie exactly.
 
 It does not know units, budgets or the text; it never runs the model's layers.
 """
@@ -79,4 +81,8 @@ def token_relevance(
     for start in range(0, s_ids.size, block):
         s_vecs = table[s_where[start : start + block]]  # (b, D)
         r[start : start + block] = (s_vecs @ q_vecs.T).max(axis=1)  # (b, Q) -> (b,)
-    return r + MATCH_BONUS * np.isin(s_ids, q_ids)
+    matched = np.isin(s_ids, q_ids)
+    nonzero = np.linalg.norm(table[s_where], axis=1) > 0.5  # unit rows: norm 1 or 0
+    r = np.minimum(r, 1.0)
+    r[matched & nonzero] = 1.0
+    return r + MATCH_BONUS * matched

@@ -6,7 +6,8 @@ budget in ``[0, S]``. Those that need units or text read ``request.tokenizer`` (
 against ``request.query_tokens``; units are :func:`units_from_text` of the decoded suffix.
 
 - ``sur`` (Semantic-Unit Refresh): unit score = mean of its top-4 ``r`` (all of them if fewer);
-  units ranked by score (earlier wins ties) and admitted whole while they fit; the remainder
+  units ranked by score (ties: the higher mean ``r`` over the whole unit, then the earlier unit;
+  see :mod:`nexus_mlx.sur.select` for why) and admitted whole while they fit; the remainder
   ``w`` goes to the width-``w`` window of the next ranked unit maximising the sum of the
   forward-decay envelope ``u_t = max(exp(r_t - r_max), exp(-1/16) u_{t-1})``, ``u_0 = 0``, over
   that unit (``r_max`` its largest ``r``; the argmax does not depend on it). Earliest window wins ties.
