@@ -41,7 +41,7 @@ def rank(scores: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
     """Indices by descending score; among equal scores by descending ``tiebreak`` (if given),
     then earlier index first."""
     scores = np.asarray(scores, dtype=np.float64)
-    keys = [np.arange(scores.size)]
+    keys: list[np.ndarray] = [np.arange(scores.size)]
     if tiebreak is not None:
         keys.append(-np.asarray(tiebreak, dtype=np.float64))
     return np.lexsort((*keys, -scores))
