@@ -41,10 +41,10 @@ placeholder text: ``ToolCallResult.valid``), ``call_accuracy_fold_case`` (a diag
 case-folded, inner whitespace collapsed), ``call_accuracy_ungrounded`` (the same calls with
 the dropped arguments put back: what the run scores without grounding, from the same
 generations; ``grounding_fixed`` / ``grounding_broke`` list the ids it changed),
-``latency_ms`` (medians with bootstrap CIs of route / arguments / total), ``per_argument`` (accuracy by argument name over routed queries)
-and ``per_tool_argument``, ``failures`` (why wrong calls are wrong), ``model`` /
-``model_info`` (the model run), ``targets`` (issue 16's, for the registry when it has them),
-``per_query``. Writes ``results/function_calling[_<tag>].json`` (``results/quick/`` with
+``latency_ms`` (medians with bootstrap CIs of route / arguments / total), ``per_argument``
+(accuracy by argument name over routed queries) and ``per_tool_argument``, ``failures`` (why
+wrong calls are wrong), ``model`` / ``model_info`` (the model run), ``targets`` (issue 16's,
+for the registry when it has them), ``per_query``. Writes ``results/function_calling[_<tag>].json`` (``results/quick/`` with
 ``--quick``), a PNG beside it, and prints the JSON as the last stdout line. ``--quick``
 (~2 min here): 4 queries, 48 argument tokens.
 """

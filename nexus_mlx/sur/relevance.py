@@ -82,7 +82,7 @@ def token_relevance(
         s_vecs = table[s_where[start : start + block]]  # (b, D)
         r[start : start + block] = (s_vecs @ q_vecs.T).max(axis=1)  # (b, Q) -> (b,)
     matched = np.isin(s_ids, q_ids)
-    nonzero = np.linalg.norm(table[s_where], axis=1) > 0.5  # unit rows: norm 1 or 0
+    nonzero = (np.linalg.norm(table, axis=1) > 0.5)[s_where]  # unit rows: norm 1 or 0
     r = np.minimum(r, 1.0)
     r[matched & nonzero] = 1.0
     return r + MATCH_BONUS * matched
