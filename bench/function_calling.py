@@ -44,9 +44,10 @@ generations; ``grounding_fixed`` / ``grounding_broke`` list the ids it changed),
 ``latency_ms`` (medians with bootstrap CIs of route / arguments / total), ``per_argument``
 (accuracy by argument name over routed queries) and ``per_tool_argument``, ``failures`` (why
 wrong calls are wrong), ``model`` / ``model_info`` (the model run), ``targets`` (issue 16's,
-for the registry when it has them), ``per_query``. Writes ``results/function_calling[_<tag>].json`` (``results/quick/`` with
-``--quick``), a PNG beside it, and prints the JSON as the last stdout line. ``--quick``
-(~2 min here): 4 queries, 48 argument tokens.
+for the registry when it has them), ``per_query``. Writes
+``results/function_calling[_<tag>].json`` (``results/quick/`` with ``--quick``), a PNG beside
+it, and prints the JSON as the last stdout line. ``--quick`` (~2 min here): 4 queries, 48
+argument tokens.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ def test_saturated_units_tie_to_the_one_most_about_the_query(model, default_toke
 
 
 def test_rank_tiebreak():
-    assert rank(np.array([1.0, 2.0, 2.0, 2.0]), np.array([9.0, 0.0, 5.0, 5.0])).tolist() == [2, 3, 1, 0]
+    scores, tiebreak = np.array([1.0, 2.0, 2.0, 2.0]), np.array([9.0, 0.0, 5.0, 5.0])
+    assert rank(scores, tiebreak).tolist() == [2, 3, 1, 0]
     assert rank(np.array([1.0, 1.0])).tolist() == [0, 1]
 
 
