@@ -3,7 +3,7 @@
 Contract: importing this module makes ``nexus_mlx`` importable (adds the repository root to
 ``sys.path`` when it is not installed) and imports it, so a script that does ``from common import
 ...`` before ``import mlx.core`` gets the optimized BLAS. It provides timing (``time_ms``),
-bootstrap statistics (``median_ci``, ``ratio_ci``), machine description (``machine_info``) and the
+bootstrap statistics (``median_ci``, ``ratio_ci``, ``paired_ratio_ci``), machine description (``machine_info``) and the
 result protocol: ``emit`` writes ``results/<name>.json`` (``results/quick/`` with ``--quick``) and
 prints the same object as one JSON line, the script's last stdout line. ``shared_data(...)`` is
 the one spelling of the shared data folder (``../shared/data`` beside the repository), and
@@ -145,6 +145,30 @@ def ratio_ci(
     boots = _boot_medians(a, n_boot, rng) / _boot_medians(b, n_boot, rng)
     lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
     return float(np.median(a) / np.median(b)), float(lo), float(hi)
+
+
+def paired_ratio_ci(
+    a_values: Sequence[float],
+    b_values: Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> tuple[float, float, float]:
+    """The median of the per-round ratios ``a[i] / b[i]`` and its bootstrap interval over rounds.
+
+    For interleaved trials: round ``i`` timed both arms back to back, so their ratio cancels what
+    the machine did to both (load from other processes, clock drift), and resampling whole
+    rounds keeps each pair together. Prefer it to :func:`ratio_ci` wherever the arms alternate."""
+    a = _check(a_values, "a_values")
+    b = _check(b_values, "b_values")
+    if a.size != b.size:
+        raise ValueError(f"paired trials need equal counts, got {a.size} and {b.size}")
+    if np.any(b <= 0) or np.any(a < 0):
+        raise ValueError("paired ratios need a >= 0 and b > 0")
+    ratios = a / b
+    boots = _boot_medians(ratios, n_boot, np.random.default_rng(seed))
+    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
+    return float(np.median(ratios)), float(lo), float(hi)
 
 
 def result_path(name: str, quick: bool) -> Path:

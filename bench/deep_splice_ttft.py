@@ -13,7 +13,8 @@ request for it go on top:
 - request arm (the limit no splice can beat): the schema's exact KV is already in place (prefilled
   outside timing), only the request is computed; ``limit_speedup`` = prefill / request.
 TTFT stops when the first generated token is evaluated. Arms are interleaved trial by trial (their
-order rotates) because the machine is shared. Before timing, each depth runs every arm once
+order rotates) because the machine is shared, and every ratio (``speedup``, ``limit_speedup``) is
+the median of the per-round ratios with a bootstrap CI over rounds (``paired_ratio_ci``). Before timing, each depth runs every arm once
 untimed, compares its first-token distribution with the prefill arm's (KL in nats, top-1
 agreement) and checks the cache holds history + schema + request; an arm that recomputes 100% of
 the block must match the prefill, or the script stops. Then one more warm-up round. The JSON
@@ -35,8 +36,8 @@ from common import (  # first: loads nexus_mlx + fast BLAS
     emit,
     median_ci,
     model_record,
+    paired_ratio_ci,
     paper_reference,
-    ratio_ci,
 )
 
 import os
@@ -70,7 +71,7 @@ NAME = "deep_splice_ttft"
 TOOL = "add_sub_issue"
 DEPTHS = [256, 512, 1024, 2048]
 QUICK_DEPTHS = [256, 512]
-TRIALS, QUICK_TRIALS = 15, 3
+TRIALS, QUICK_TRIALS = 30, 3
 WARMUP_ROUNDS = 1  # after the untimed correctness round
 EXACT_TOL = 1e-3  # max |logit difference| when an arm recomputes the whole block
 REQUEST_ARM = "request"  # the limit arm: the request alone over the schema's exact KV
@@ -198,14 +199,14 @@ def run_depth(model, tokenizer, block, query, n_past, repairs, trials) -> list[d
     cells = []
     pre_med, pre_lo, pre_hi = median_ci(times["prefill"])
     req_med, _, _ = median_ci(times[REQUEST_ARM])
-    limit, l_lo, l_hi = ratio_ci(times["prefill"], times[REQUEST_ARM])
+    limit, l_lo, l_hi = paired_ratio_ci(times["prefill"], times[REQUEST_ARM])
     for rep in repairs:
         res = results[rep.name]
         assert res is not None
         kl = next_token_kl(logits["prefill"], logits[rep.name])
         same = top1_agreement(logits["prefill"], logits[rep.name])
         med, lo, hi = median_ci(times[rep.name])
-        speedup, s_lo, s_hi = ratio_ci(times["prefill"], times[rep.name])
+        speedup, s_lo, s_hi = paired_ratio_ci(times["prefill"], times[rep.name])
         stage_ms = {k: float(np.median([t.get(k, 0.0) for t in stages[rep.name]]) * 1e3)
                     for k in ("validate", "select", "copy", "repair")}
         cells.append({

@@ -1,7 +1,8 @@
 """Prefill and decode throughput of the default model: nexus engine vs mlx-lm's own forward.
 
 Both arms run the same weights (float32 on CPU) on the same tokens, interleaved trial by trial
-(the machine is shared: read the ratios; the load average is recorded).
+(the machine is shared: read the ratios; the load average is recorded). A ratio is the median of
+the per-trial ratios, its CI a bootstrap over trials (``paired_ratio_ci``).
 - Prefill of N tokens into an empty cache, chunked as each library chunks a long prompt: nexus
   ``forward`` (runs of ``PREFILL_CHUNK`` in position order), mlx-lm's model called on chunks of its
   ``prefill_step_size`` (2,048, the default of ``generate_step``) with the cache evaluated after
@@ -30,7 +31,7 @@ from common import (  # first: loads nexus_mlx + fast BLAS
     emit,
     median_ci,
     model_record,
-    ratio_ci,
+    paired_ratio_ci,
 )
 
 import os
@@ -104,7 +105,7 @@ def prefill_row(model, tokens, trials):
         arms = [(_prefill_nexus, nexus_ms), (_prefill_mlx_lm, ref_ms)]
         for fn, sink in arms if trial % 2 == 0 else arms[::-1]:
             sink.append(_timed(lambda f=fn: f(model, tokens))[0])
-    ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)  # > 1: nexus faster
+    ratio, lo, hi = paired_ratio_ci(ref_ms, nexus_ms)  # > 1: nexus faster
     n = len(tokens)
     return {
         "tokens": n, "nexus_ms": median_ci(nexus_ms)[0], "mlx_lm_ms": median_ci(ref_ms)[0],
@@ -124,7 +125,7 @@ def decode_row(model, prompt, n_decode, trials):
         arms = [(_decode_nexus, nexus_ms), (_decode_mlx_lm, ref_ms)]
         for fn, sink in arms if trial % 2 == 0 else arms[::-1]:
             sink.append(fn(model, prompt, n_decode)[1])
-    ratio, lo, hi = ratio_ci(ref_ms, nexus_ms)
+    ratio, lo, hi = paired_ratio_ci(ref_ms, nexus_ms)
     steps = n_decode - 1
     return {
         "context": len(prompt), "tokens": n_decode,

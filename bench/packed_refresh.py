@@ -7,11 +7,11 @@ spread evenly over [N/2, N), so their mean position is 3N/4 for every R: the sam
 positions at the same mean causal depth (matched causal work). Correctness before timing: both
 executors, from the same stale cache, give equal caches (max |diff| over every layer's K and V
 <= 1e-4, fp32). Timing: warm-ups, then trials alternating the two executors on one cache (a
-refresh recomputes the same rows each time, so every call does the same work); medians and a
-bootstrap CI of the speedup. ``--quick``: N = 2K only, 1 warm-up and 3 trials, and the stale
-cache is one prefilled 256-token text tiled to N rows (keys re-rotated to their positions):
-real K/V magnitudes, the same refresh cost, a fraction of the prefill time. (Random normal K/V
-do not work for the equality check: their extreme attention logits amplify rounding to ~3e-3.)
+refresh recomputes the same rows each time, so every call does the same work); medians, and
+speedups as the median of the per-round ratios with a bootstrap CI over rounds. ``--quick``:
+N = 2K only, 1 warm-up and 3 trials, and the stale cache is one prefilled 256-token text tiled
+to N rows (keys re-rotated to their positions): real K/V magnitudes, the same refresh cost, a
+fraction of the prefill time. (Random normal K/V do not work for the equality check: their extreme attention logits amplify rounding to ~3e-3.)
 Blocked attention: a third arm, interleaved with the two, runs the packed executor with the
 blocked attention kernel off (``position_attention.disabled()``: the two GEMMs around the native
 position softmax every CPU used before); its cache must equal the packed one within 1e-4, and
@@ -30,7 +30,7 @@ PNG: results/packed_refresh.png.
 
 from __future__ import annotations
 
-from common import arg_parser, emit, median_ci, ratio_ci  # first: loads nexus_mlx + BLAS
+from common import arg_parser, emit, median_ci, paired_ratio_ci  # first: loads nexus_mlx + BLAS
 
 import os
 import resource
@@ -181,8 +181,8 @@ def run_cell(stale: NexusCache, n: int, r: int, warmup: int, trials: int) -> dic
             i = (k + t) % len(arms)
             times[i].append(_timed(arms[i], work, rows))
     seq_ms, packed_ms, unfused_ms = times
-    speedup, lo, hi = ratio_ci(seq_ms, packed_ms)
-    blocked, blo, bhi = ratio_ci(unfused_ms, packed_ms)
+    speedup, lo, hi = paired_ratio_ci(seq_ms, packed_ms)
+    blocked, blo, bhi = paired_ratio_ci(unfused_ms, packed_ms)
     return {
         "packed_unfused_ms": median_ci(unfused_ms)[0],
         "packed_unfused_ms_ci": list(median_ci(unfused_ms)[1:]),
