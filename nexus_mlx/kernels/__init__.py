@@ -12,11 +12,13 @@ them, so that ``nexus_mlx.kernels.splice_v_transposed`` stays the module):
   ("transposed") V cache, or decline with :class:`SpliceDeclined`.
 - :mod:`~nexus_mlx.kernels.reanchor_write`: re-rotate a block's key rows by one RoPE delta and
   write them into the K cache.
-- :mod:`~nexus_mlx.kernels.cpu_exp`, :mod:`~nexus_mlx.kernels.position_softmax` and
-  :mod:`~nexus_mlx.kernels.position_attention`: CPU-only kernels (a vectorized exp for softmax
-  and SiLU; the attention softmax masked by position, in C, in place; the whole attention masked
-  by position in one blocked C pass with an online softmax). Their GPU side is MLX itself (a fast
-  exp, ``mx.fast.scaled_dot_product_attention``), so they have no Metal or CUDA builder.
+- :mod:`~nexus_mlx.kernels.cpu_exp`, :mod:`~nexus_mlx.kernels.position_softmax`,
+  :mod:`~nexus_mlx.kernels.position_attention` and :mod:`~nexus_mlx.kernels.swiglu`: CPU-only
+  kernels (a vectorized exp for softmax and SiLU; the attention softmax masked by position, in
+  C, in place; the whole attention masked by position in one blocked C pass with an online
+  softmax; a SwiGLU MLP's ``silu(gate) * up`` in one C pass). Their GPU side is MLX itself (a
+  fast exp, ``mx.fast.scaled_dot_product_attention``, fused elementwise ops), so they have no
+  Metal or CUDA builder.
 - :mod:`~metal_emulation`: compile a Metal kernel body with g++ against
   ``metal_kernels/metal_shim.h`` and run it on the CPU. It emulates the kernel's logic on the
   CPU; it is not Metal, and it is for tests, never imported by the library itself.

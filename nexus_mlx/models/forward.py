@@ -15,7 +15,8 @@ run, since no run can see a later run's rows, whose positions are all larger), t
 evaluated between runs. A run attends only to the rows up to the last one any of its queries can
 see; RoPE tables are built once per run, masks at most once per run and window, or not at all
 (see :mod:`~nexus_mlx.models.attention` for the attention paths; on the CPU in float32 the
-native position softmax evaluates each layer's scores, elsewhere the call stays lazy).
+native attention kernels evaluate each layer's queries and keys, and the native SwiGLU its
+gate and up products past a few thousand elements; elsewhere the call stays lazy).
 ``decode_step`` appends one token given as a lazy array (a pipelined decode loop).
 
 ``forward_hidden`` stops after any number of layers (shallow passes for repair allocators)
@@ -41,7 +42,8 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.errors import ArgumentError, PositionError, TokenError
-from nexus_mlx.kernels.cpu_exp import kernel_applies, silu
+from nexus_mlx.kernels.cpu_exp import kernel_applies
+from nexus_mlx.kernels.swiglu import swiglu
 from nexus_mlx.kv.cache import NexusCache, WritePlan
 from nexus_mlx.kv.rope import RopeSpec, rope_tables, rotate
 from nexus_mlx.models.arch import SWIGLU_ARCHITECTURES, ModelPlan, model_plan
@@ -221,13 +223,14 @@ def layer_forward(model: nn.Module, layer_index: int, h: mx.array, step: StepCon
 def mlp(module: nn.Module, x: mx.array, plan: ModelPlan, fused: FusedLayer | None = None
         ) -> mx.array:
     """The block's MLP on ``x (1, T, hidden)``: llama/qwen SwiGLU with gate and up from one
-    matmul where ``fused`` has them, and the vectorized SiLU of
-    :mod:`~nexus_mlx.kernels.cpu_exp` where it applies (float32 on the CPU); else the module."""
+    matmul where ``fused`` has them, and the activation of :mod:`~nexus_mlx.kernels.swiglu`
+    (native, or the vectorized SiLU of :mod:`~nexus_mlx.kernels.cpu_exp`) where it applies
+    (float32 on the CPU); else the module."""
     gate_up = fused.gate_up() if fused is not None else None
     fast = gate_up is not None or kernel_applies(x.dtype)
     if plan.architecture in SWIGLU_ARCHITECTURES and fast:
         gate, up = gate_up(x) if gate_up is not None else (module.gate_proj(x), module.up_proj(x))
-        return module.down_proj(silu(gate) * up)
+        return module.down_proj(swiglu(gate, up))
     return module(x)
 
 
