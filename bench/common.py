@@ -165,10 +165,7 @@ def paired_ratio_ci(
         raise ValueError(f"paired trials need equal counts, got {a.size} and {b.size}")
     if np.any(b <= 0) or np.any(a < 0):
         raise ValueError("paired ratios need a >= 0 and b > 0")
-    ratios = a / b
-    boots = _boot_medians(ratios, n_boot, np.random.default_rng(seed))
-    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
-    return float(np.median(ratios)), float(lo), float(hi)
+    return median_ci(a / b, n_boot, seed, alpha)
 
 
 def result_path(name: str, quick: bool) -> Path:

@@ -62,3 +62,51 @@ def test_an_edited_local_header_gets_a_new_build(tmp_path: Path) -> None:
     header.unlink()
     with pytest.raises(_cbuild.BuildError, match="cannot read the source"):
         _cbuild.build_shared_library(src, "inc", FLAGS, folder=tmp_path / "out")
+
+
+class _Library:
+    def __init__(self, path: str) -> None:
+        self.path, self.isas, self.best = path, ("scalar",), "scalar"
+
+
+def test_native_loader_loads_once_explains_failures_and_switches_off(monkeypatch) -> None:
+    calls: list[int] = []
+
+    def load() -> _Library:
+        calls.append(1)
+        return _Library("/lib.so")
+
+    loader = _cbuild.NativeLoader("NEXUS_MLX_TEST_KERNEL", load, "test kernel")
+    assert loader.library() is loader.library() and len(calls) == 1
+    assert loader.status().loaded and loader.status().path == "/lib.so"
+    assert not loader.switched_off
+    with loader.disabled():
+        with loader.disabled():
+            assert loader.switched_off
+        assert loader.switched_off
+    assert not loader.switched_off
+    monkeypatch.setenv("NEXUS_MLX_TEST_KERNEL", "off")
+    assert loader.library() is not None  # the outcome is kept until cleared
+    loader.cache_clear()
+    assert loader.library() is None and "disabled by NEXUS_MLX_TEST_KERNEL" in loader.status().reason
+
+    def broken() -> _Library:
+        raise _cbuild.BuildError("no C compiler (cc/gcc) found")
+
+    failing = _cbuild.NativeLoader("NEXUS_MLX_TEST_OTHER", broken, "test kernel")
+    assert failing.library() is None
+    assert "no native test kernel (no C compiler" in failing.status().reason
+
+
+def test_isa_exports_are_checked_and_read(tmp_path: Path) -> None:
+    src = tmp_path / "isa.c"
+    src.write_text(
+        'int t_abi_version(void) { return 3; }\n'
+        'const char *t_source_id(void) { return "abc"; }\n'
+        'int t_isa_available(int isa) { return isa != 1; }\n'
+        'int t_best_isa(void) { return 2; }\n')
+    lib = ctypes.CDLL(str(_cbuild.build_shared_library(src, "isa", FLAGS, folder=tmp_path)))
+    assert _cbuild.bind_isa_exports(lib, "t", 3, ("scalar", "avx512", "avx2"), "isa.so") == (
+        "abc", ("scalar", "avx2"), "avx2")
+    with pytest.raises(_cbuild.ArgumentError, match="isa.so has another ABI version than 4"):
+        _cbuild.bind_isa_exports(lib, "t", 4, ("scalar",), "isa.so")

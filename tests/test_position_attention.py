@@ -146,14 +146,14 @@ def test_bad_arguments_name_the_problem():
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv(pa.ENV_VAR, "0")
-    pa._native.cache_clear()
+    pa._NATIVE.cache_clear()
     try:
         assert pa.native_position_attention() is None
         assert "disabled" in pa.native_status().reason
         assert not pa.kernel_applies(mx.float32, 64)
     finally:
         monkeypatch.delenv(pa.ENV_VAR)
-        pa._native.cache_clear()
+        pa._NATIVE.cache_clear()
 
 
 def test_disabled_block_turns_dispatch_off_and_back_on():

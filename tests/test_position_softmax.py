@@ -98,11 +98,11 @@ def test_shape_errors_name_the_shapes():
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv(ps.ENV_VAR, "0")
-    ps._native.cache_clear()
+    ps._NATIVE.cache_clear()
     try:
         assert ps.native_position_softmax() is None
         assert "disabled" in ps.native_status().reason
         assert not ps.kernel_applies(mx.float32)
     finally:
         monkeypatch.delenv(ps.ENV_VAR)
-        ps._native.cache_clear()
+        ps._NATIVE.cache_clear()

@@ -76,17 +76,33 @@ def test_kernel_on_mlx_split_views_and_batch_axes() -> None:
 
 @needs_native
 def test_dispatcher_uses_the_kernel_only_where_it_pays() -> None:
-    small = (1, 1, sg.MIN_ELEMENTS // 2)
-    assert not sg.kernel_applies(mx.float32, int(np.prod(small)))
-    assert sg.kernel_applies(mx.float32, sg.MIN_ELEMENTS)
-    assert not sg.kernel_applies(mx.float16, sg.MIN_ELEMENTS)
+    f = sg.MIN_ELEMENTS // 4
+    assert not sg.kernel_applies(mx.float32, 2, f)  # too small
+    assert not sg.kernel_applies(mx.float32, 1, 8 * sg.MIN_ELEMENTS)  # one row: a decode step
+    assert sg.kernel_applies(mx.float32, 4, f)
+    assert not sg.kernel_applies(mx.float16, 4, f)
     with sg.disabled():
-        assert not sg.kernel_applies(mx.float32, sg.MIN_ELEMENTS)
-    for shape in (small, (1, 8, sg.MIN_ELEMENTS)):
+        assert not sg.kernel_applies(mx.float32, 4, f)
+    assert sg.kernel_applies(mx.float32, 4, f)
+    for shape in ((1, 2, f), (1, 1, 8 * sg.MIN_ELEMENTS), (1, 8, f)):
         gate = mx.random.normal(shape, key=mx.random.key(1)) * 5
         up = mx.random.normal(shape, key=mx.random.key(2))
         out = sg.swiglu(gate, up)
         assert np.allclose(np.array(out), np.array(nn.silu(gate) * up), rtol=RTOL, atol=ATOL)
+
+
+@needs_native
+def test_one_row_never_reaches_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step stays a lazy graph: no native call, so no sync point."""
+    def refuse(gate: mx.array, up: mx.array) -> mx.array:
+        raise AssertionError("the native kernel ran on one row")
+
+    monkeypatch.setattr(sg, "swiglu_kernel", refuse)
+    gate = mx.random.normal((1, 1, 8 * sg.MIN_ELEMENTS), key=mx.random.key(3))
+    out = sg.swiglu(gate, gate)
+    assert np.allclose(np.array(out), np.array(nn.silu(gate) * gate), rtol=RTOL, atol=ATOL)
+    with pytest.raises(AssertionError, match="one row"):
+        sg.swiglu(mx.concatenate([gate, gate], axis=1), mx.concatenate([gate, gate], axis=1))
 
 
 def test_other_dtypes_take_the_mlx_path() -> None:
@@ -113,17 +129,17 @@ def test_mismatched_inputs_are_rejected_naming_them() -> None:
 
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(sg.ENV_VAR, "0")
-    sg._native.cache_clear()
+    sg._NATIVE.cache_clear()
     try:
         assert sg.native_swiglu() is None
         assert "disabled" in sg.native_status().reason
-        assert not sg.kernel_applies(mx.float32, 1 << 20)
+        assert not sg.kernel_applies(mx.float32, 64, 1 << 14)
         gate = mx.random.normal((1, 64, 256), key=mx.random.key(4))
         assert mx.allclose(sg.swiglu(gate, gate), sg.swiglu_reference(gate, gate),
                            rtol=1e-5, atol=1e-6).item()
     finally:
         monkeypatch.delenv(sg.ENV_VAR)
-        sg._native.cache_clear()
+        sg._NATIVE.cache_clear()
 
 
 @needs_native
@@ -131,7 +147,7 @@ def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_prefill_with_the_kernel_equals_mlx_lm_and_the_mlx_path(name: str) -> None:
     model = tiny_model(name)
     tokens = np.random.default_rng(7).integers(0, VOCAB, size=96)  # 96 x 96 features: native
-    assert sg.kernel_applies(mx.float32, tokens.size * model.args.intermediate_size)
+    assert sg.kernel_applies(mx.float32, tokens.size, model.args.intermediate_size)
     ours = np.array(forward(model, tokens, make_cache(model))[0])
     with sg.disabled():
         lazy = np.array(forward(model, tokens, make_cache(model))[0])

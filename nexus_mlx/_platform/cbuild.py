@@ -6,22 +6,27 @@ the source and its local headers, so an edited source or header gets a new file)
 appears atomically (written under a temporary name, then renamed), so concurrent processes never
 load a partial library. Failures raise :class:`BuildError` with one readable sentence. It never
 imports mlx: the BLAS shim is built with it before ``mlx.core`` may be loaded. It knows nothing
-about what the library does; :func:`load_or_explain` loads one lazily, turned off by an
-environment variable, and says why where it could not.
+about what the library does; :func:`load_or_explain` loads one, turned off by an environment
+variable, and says why where it could not; :class:`NativeLoader` does that once per process, with
+an off switch for a block; :func:`bind_isa_exports` reads what every kernel library exports
+(ABI version, source id, ISAs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from nexus_mlx.errors import ArgumentError, BuildError
 
@@ -146,3 +151,71 @@ def load_or_explain(env_var: str, load: Callable[[], _Library], what: str
         return None, NativeStatus(False, f"no native {what} ({exc}); using MLX ops")
     return native, NativeStatus(True, "compiled into the cache", native.path, native.isas,
                                 native.best)
+
+
+class NativeLoader(Generic[_Library]):
+    """One native kernel library per process: ``load`` runs on first use only (under a lock), a
+    failure or ``env_var`` becomes a :class:`NativeStatus`, and :meth:`disabled` switches the
+    kernel off for a block (A/B measurements in one run; the switch is process-wide, not
+    thread-safe)."""
+
+    def __init__(self, env_var: str, load: Callable[[], _Library], what: str) -> None:
+        self.env_var, self.what = env_var, what
+        self._load = load
+        self._lock = threading.Lock()
+        self._result: tuple[_Library | None, NativeStatus] | None = None
+        self._off = 0
+
+    def _resolved(self) -> tuple[_Library | None, NativeStatus]:
+        with self._lock:
+            if self._result is None:
+                self._result = load_or_explain(self.env_var, self._load, self.what)
+            return self._result
+
+    def library(self) -> _Library | None:
+        """The loaded library, or None where it could not be (see :meth:`status`)."""
+        return self._resolved()[0]
+
+    def status(self) -> NativeStatus:
+        """Why :meth:`library` is (not) available."""
+        return self._resolved()[1]
+
+    def cache_clear(self) -> None:
+        """Forget the outcome: the next use loads again (after the environment changed)."""
+        with self._lock:
+            self._result = None
+
+    @property
+    def switched_off(self) -> bool:
+        """True inside :meth:`disabled`."""
+        return self._off > 0
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Inside the block :attr:`switched_off` is True."""
+        self._off += 1
+        try:
+            yield
+        finally:
+            self._off -= 1
+
+
+def bind_isa_exports(lib: ctypes.CDLL, prefix: str, abi: int, isas: Sequence[str], path: str
+                     ) -> tuple[str, tuple[str, ...], str]:
+    """Check ``<prefix>_abi_version() == abi`` and read what every kernel library exports:
+    its source id (``<prefix>_source_id``), the ISAs of ``isas`` (indexed as the library numbers
+    them) this CPU runs (``<prefix>_isa_available``) and the best (``<prefix>_best_isa``).
+    Raises :class:`ArgumentError` for another ABI version."""
+    version = getattr(lib, f"{prefix}_abi_version")
+    version.restype = ctypes.c_int
+    if int(version()) != abi:
+        raise ArgumentError(f"{path} has another ABI version than {abi}")
+    source_id = getattr(lib, f"{prefix}_source_id")
+    source_id.restype = ctypes.c_char_p
+    available = getattr(lib, f"{prefix}_isa_available")
+    available.argtypes = [ctypes.c_int]
+    available.restype = ctypes.c_int
+    best = getattr(lib, f"{prefix}_best_isa")
+    best.restype = ctypes.c_int
+    runs = tuple(name for i, name in enumerate(isas) if available(i))
+    return (source_id() or b"").decode(), runs, isas[int(best())]

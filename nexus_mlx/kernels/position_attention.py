@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -92,22 +90,14 @@ class NativePositionAttention:
 
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.lib, self.path = lib, path
-        lib.nexus_pa_abi_version.restype = ctypes.c_int
-        if int(lib.nexus_pa_abi_version()) != ABI_VERSION:
-            raise ArgumentError(f"{path} has another ABI version than {ABI_VERSION}")
-        lib.nexus_pa_source_id.restype = ctypes.c_char_p
-        lib.nexus_pa_isa_available.argtypes = [ctypes.c_int]
-        lib.nexus_pa_isa_available.restype = ctypes.c_int
-        lib.nexus_pa_best_isa.restype = ctypes.c_int
         lib.nexus_pa_supports_head_dim.argtypes = [ctypes.c_int, _I64]
         lib.nexus_pa_supports_head_dim.restype = ctypes.c_int
         lib.nexus_pa_attention.argtypes = [ctypes.c_int, _P, _I64, _P, _I64, _I64, _P, _I64, _I64,
                                            _P, _I64, _I64, _I64, _I64, _I64, _P, _P,
                                            ctypes.c_int32, ctypes.c_float, ctypes.c_int]
         lib.nexus_pa_attention.restype = ctypes.c_int
-        self.source_id = (lib.nexus_pa_source_id() or b"").decode()
-        self.isas = tuple(name for i, name in enumerate(ISAS) if lib.nexus_pa_isa_available(i))
-        self.best = ISAS[int(lib.nexus_pa_best_isa())]
+        self.source_id, self.isas, self.best = _cbuild.bind_isa_exports(
+            lib, "nexus_pa", ABI_VERSION, ISAS, path)
         self.threads = max(1, min(os.cpu_count() or 1, 16))
 
     def __repr__(self) -> str:
@@ -188,40 +178,29 @@ def load_native(path: str | Path) -> NativePositionAttention:
     return NativePositionAttention(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL), str(path))
 
 
-@functools.cache
-def _native() -> tuple[NativePositionAttention | None, NativeStatus]:
-    return _cbuild.load_or_explain(ENV_VAR, lambda: load_native(compile_native()),
-                                   "position attention")
+_NATIVE = _cbuild.NativeLoader(ENV_VAR, lambda: load_native(compile_native()),
+                                "position attention")
 
 
 def native_position_attention() -> NativePositionAttention | None:
     """The native library (compiled and loaded on first use), or None."""
-    return _native()[0]
+    return _NATIVE.library()
 
 
 def native_status() -> NativeStatus:
     """Why :func:`native_position_attention` is (not) available."""
-    return _native()[1]
+    return _NATIVE.status()
 
 
-_disabled_depth = 0  # > 0 inside disabled()
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Inside the block :func:`kernel_applies` is False, so the forward pass takes its unfused
     path (for benchmarks that compare both in one run)."""
-    global _disabled_depth
-    _disabled_depth += 1
-    try:
-        yield
-    finally:
-        _disabled_depth -= 1
+    return _NATIVE.disabled()
 
 
 def kernel_applies(dtype: mx.Dtype, head_dim: int) -> bool:
     """Whether :func:`position_attention` would run a fast native path for these inputs now."""
-    if _disabled_depth or dtype != mx.float32 or active_backend() != "cpu":
+    if _NATIVE.switched_off or dtype != mx.float32 or active_backend() != "cpu":
         return False
     native = native_position_attention()
     return native is not None and native.best in FAST_ISAS and native.supports_head_dim(head_dim)

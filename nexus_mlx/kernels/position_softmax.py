@@ -36,7 +36,6 @@ layers or the cache.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 from pathlib import Path
 
@@ -101,19 +100,11 @@ class NativePositionSoftmax:
 
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.lib, self.path = lib, path
-        lib.nexus_ps_abi_version.restype = ctypes.c_int
-        if int(lib.nexus_ps_abi_version()) != ABI_VERSION:
-            raise ArgumentError(f"{path} has another ABI version than {ABI_VERSION}")
-        lib.nexus_ps_source_id.restype = ctypes.c_char_p
-        lib.nexus_ps_isa_available.argtypes = [ctypes.c_int]
-        lib.nexus_ps_isa_available.restype = ctypes.c_int
-        lib.nexus_ps_best_isa.restype = ctypes.c_int
         lib.nexus_ps_softmax.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, _P,
                                          ctypes.c_int32, ctypes.c_int]
         lib.nexus_ps_softmax.restype = ctypes.c_int
-        self.source_id = (lib.nexus_ps_source_id() or b"").decode()
-        self.isas = tuple(name for i, name in enumerate(ISAS) if lib.nexus_ps_isa_available(i))
-        self.best = ISAS[int(lib.nexus_ps_best_isa())]
+        self.source_id, self.isas, self.best = _cbuild.bind_isa_exports(
+            lib, "nexus_ps", ABI_VERSION, ISAS, path)
         self.threads = max(1, min(os.cpu_count() or 1, 16))
 
     def __repr__(self) -> str:
@@ -161,20 +152,18 @@ def load_native(path: str | Path) -> NativePositionSoftmax:
     return NativePositionSoftmax(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL), str(path))
 
 
-@functools.cache
-def _native() -> tuple[NativePositionSoftmax | None, NativeStatus]:
-    return _cbuild.load_or_explain(ENV_VAR, lambda: load_native(compile_native()),
-                                   "position softmax")
+_NATIVE = _cbuild.NativeLoader(ENV_VAR, lambda: load_native(compile_native()),
+                                "position softmax")
 
 
 def native_position_softmax() -> NativePositionSoftmax | None:
     """The native library (compiled and loaded on first use), or None."""
-    return _native()[0]
+    return _NATIVE.library()
 
 
 def native_status() -> NativeStatus:
     """Why :func:`native_position_softmax` is (not) available."""
-    return _native()[1]
+    return _NATIVE.status()
 
 
 def kernel_applies(dtype: mx.Dtype) -> bool:

@@ -41,7 +41,6 @@
  */
 
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,20 +51,14 @@
 #include <immintrin.h>
 #endif
 
+#include "native_rt.h"
 #include "simd_exp.h"
-
-#if defined(_WIN32)
-#define NEXUS_API __declspec(dllexport)
-#else
-#define NEXUS_API __attribute__((visibility("default")))
-#endif
 
 #ifndef NEXUS_PA_SOURCE_ID
 #define NEXUS_PA_SOURCE_ID "unknown"
 #endif
 
 #define NEXUS_PA_ABI 2
-#define NEXUS_PA_MAX_THREADS 16
 #define NEXUS_PA_PARALLEL (1 << 18) /* multiply-adds per call before a second thread pays off */
 #define KB 64                       /* keys per block */
 #define PR 4                        /* query rows per panel */
@@ -372,34 +365,17 @@ static float *scratch_keys(size_t floats) {
 typedef struct {
   const pa_call *call;
   task_fn fn;
-  int64_t task0, task1;
-} pa_share;
+} pa_tasks;
 
-static void *run_share(void *arg) {
-  const pa_share *share = (const pa_share *)arg;
-  for (int64_t task = share->task0; task < share->task1; ++task) share->fn(share->call, task);
-  return NULL;
+static void run_task_range(const void *ctx, int64_t task0, int64_t task1) {
+  const pa_tasks *tasks = (const pa_tasks *)ctx;
+  for (int64_t task = task0; task < task1; ++task) tasks->fn(tasks->call, task);
 }
 
 /* Tasks [0, n_tasks) over `threads` contiguous shares; the caller's thread runs the first. */
 static void run_tasks(const pa_call *call, task_fn fn, int64_t n_tasks, int threads) {
-  if (threads > NEXUS_PA_MAX_THREADS) threads = NEXUS_PA_MAX_THREADS;
-  if (threads > n_tasks) threads = (int)n_tasks;
-  if (threads < 1) threads = 1;
-  pa_share shares[NEXUS_PA_MAX_THREADS];
-  pthread_t ids[NEXUS_PA_MAX_THREADS];
-  int started[NEXUS_PA_MAX_THREADS] = {0};
-  for (int i = 0; i < threads; ++i) {
-    pa_share share = {call, fn, n_tasks * i / threads, n_tasks * (i + 1) / threads};
-    shares[i] = share;
-  }
-  for (int i = 1; i < threads; ++i) {
-    started[i] = pthread_create(&ids[i], NULL, run_share, &shares[i]) == 0;
-    if (!started[i]) run_share(&shares[i]); /* no thread: do the share here */
-  }
-  run_share(&shares[0]);
-  for (int i = 1; i < threads; ++i)
-    if (started[i]) pthread_join(ids[i], NULL);
+  pa_tasks tasks = {call, fn};
+  nexus_parallel_rows(run_task_range, &tasks, n_tasks, threads, 1);
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
@@ -407,12 +383,10 @@ static int cpu_supports(int isa) {
   switch (isa) {
     case NEXUS_PA_SCALAR:
       return 1;
-#if defined(NEXUS_PA_X86)
     case NEXUS_PA_AVX512:
-      return __builtin_cpu_supports("avx512f") ? 1 : 0;
+      return nexus_has_avx512f();
     case NEXUS_PA_AVX2:
-      return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-#endif
+      return nexus_has_avx2_fma();
     default:
       return 0;
   }

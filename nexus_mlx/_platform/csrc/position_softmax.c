@@ -32,7 +32,6 @@
  */
 
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -42,20 +41,14 @@
 #include <immintrin.h>
 #endif
 
+#include "native_rt.h"
 #include "simd_exp.h"
-
-#if defined(_WIN32)
-#define NEXUS_API __declspec(dllexport)
-#else
-#define NEXUS_API __attribute__((visibility("default")))
-#endif
 
 #ifndef NEXUS_PS_SOURCE_ID
 #define NEXUS_PS_SOURCE_ID "unknown"
 #endif
 
 #define NEXUS_PS_ABI 1
-#define NEXUS_PS_MAX_THREADS 16
 #define NEXUS_PS_PARALLEL (1 << 16) /* scores per call before a second thread pays off */
 
 enum { NEXUS_PS_SCALAR = 0, NEXUS_PS_AVX2 = 1, NEXUS_PS_AVX512 = 2, NEXUS_PS_N_ISA = 3 };
@@ -65,7 +58,7 @@ static const char *const isa_names[NEXUS_PS_N_ISA] = {"scalar", "avx2", "avx512"
 
 typedef struct {
   float *scores;
-  int64_t row0, row1, n, row_stride, t;
+  int64_t n, row_stride, t;
   const int32_t *qpos, *kpos;
   int32_t window;
 } ps_job;
@@ -198,12 +191,10 @@ static int cpu_supports(int isa) {
   switch (isa) {
     case NEXUS_PS_SCALAR:
       return 1;
-#if defined(NEXUS_PS_X86)
     case NEXUS_PS_AVX2:
-      return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+      return nexus_has_avx2_fma();
     case NEXUS_PS_AVX512:
-      return __builtin_cpu_supports("avx512f") ? 1 : 0;
-#endif
+      return nexus_has_avx512f();
     default:
       return 0;
   }
@@ -240,17 +231,14 @@ NEXUS_API int nexus_ps_best_isa(void) {
 typedef struct {
   ps_job job;
   row_fn fn;
-} ps_task;
+} ps_call;
 
-static void run_rows(const ps_job *job, row_fn fn) {
-  for (int64_t r = job->row0; r < job->row1; ++r)
-    fn(job->scores + r * job->row_stride, job->n, job->qpos[r % job->t], job->kpos, job->window);
-}
-
-static void *worker(void *arg) {
-  ps_task *task = (ps_task *)arg;
-  run_rows(&task->job, task->fn);
-  return NULL;
+static void run_rows(const void *ctx, int64_t row0, int64_t row1) {
+  const ps_call *c = (const ps_call *)ctx;
+  const ps_job *job = &c->job;
+  for (int64_t r = row0; r < row1; ++r)
+    c->fn(job->scores + r * job->row_stride, job->n, job->qpos[r % job->t], job->kpos,
+          job->window);
 }
 
 /* Softmax rows [0, rows) of `scores` in place (see the specification above). isa < 0 picks
@@ -263,28 +251,7 @@ NEXUS_API int nexus_ps_softmax(int isa, float *scores, int64_t rows, int64_t n, 
     return NEXUS_PS_EBADARG;
   row_fn fn = isa_fn(isa < 0 ? nexus_ps_best_isa() : isa);
   if (fn == NULL) return NEXUS_PS_EISA;
-  int64_t want = rows * n < NEXUS_PS_PARALLEL ? 1 : threads;
-  if (want > rows) want = rows;
-  if (want > NEXUS_PS_MAX_THREADS) want = NEXUS_PS_MAX_THREADS;
-  if (want < 1) want = 1;
-  ps_task tasks[NEXUS_PS_MAX_THREADS];
-  pthread_t ids[NEXUS_PS_MAX_THREADS];
-  int64_t started = 0;
-  for (int64_t k = 0; k < want; ++k) {
-    ps_job job = {scores, rows * k / want, rows * (k + 1) / want, n, row_stride, t, qpos, kpos,
-                  window};
-    tasks[k].job = job;
-    tasks[k].fn = fn;
-  }
-  for (int64_t k = 1; k < want; ++k) {
-    if (pthread_create(&ids[k], NULL, worker, &tasks[k]) != 0) {
-      run_rows(&tasks[k].job, fn); /* no thread: do the share here */
-      continue;
-    }
-    started |= (int64_t)1 << k;
-  }
-  run_rows(&tasks[0].job, fn);
-  for (int64_t k = 1; k < want; ++k)
-    if (started & ((int64_t)1 << k)) pthread_join(ids[k], NULL);
+  ps_call call = {{scores, n, row_stride, t, qpos, kpos, window}, fn};
+  nexus_parallel_rows(run_rows, &call, rows, threads, rows * n >= NEXUS_PS_PARALLEL);
   return NEXUS_PS_OK;
 }

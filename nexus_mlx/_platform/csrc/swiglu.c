@@ -26,7 +26,6 @@
  */
 
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,20 +34,14 @@
 #include <immintrin.h>
 #endif
 
+#include "native_rt.h"
 #include "simd_exp.h"
-
-#if defined(_WIN32)
-#define NEXUS_API __declspec(dllexport)
-#else
-#define NEXUS_API __attribute__((visibility("default")))
-#endif
 
 #ifndef NEXUS_SG_SOURCE_ID
 #define NEXUS_SG_SOURCE_ID "unknown"
 #endif
 
 #define NEXUS_SG_ABI 1
-#define NEXUS_SG_MAX_THREADS 16
 #define NEXUS_SG_PARALLEL (1 << 15) /* elements per call before a second thread pays off */
 
 enum { NEXUS_SG_SCALAR = 0, NEXUS_SG_AVX512 = 1, NEXUS_SG_AVX2 = 2, NEXUS_SG_N_ISA = 3 };
@@ -110,12 +103,10 @@ static int cpu_supports(int isa) {
   switch (isa) {
     case NEXUS_SG_SCALAR:
       return 1;
-#if defined(NEXUS_SG_X86)
     case NEXUS_SG_AVX2:
-      return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+      return nexus_has_avx2_fma();
     case NEXUS_SG_AVX512:
-      return __builtin_cpu_supports("avx512f") ? 1 : 0;
-#endif
+      return nexus_has_avx512f();
     default:
       return 0;
   }
@@ -151,18 +142,14 @@ NEXUS_API int nexus_sg_best_isa(void) {
 typedef struct {
   const float *g, *u;
   float *out;
-  int64_t row0, row1, f, g_stride, u_stride;
+  int64_t f, g_stride, u_stride;
   row_fn fn;
-} sg_task;
+} sg_call;
 
-static void run_rows(const sg_task *t) {
-  for (int64_t r = t->row0; r < t->row1; ++r)
-    t->fn(t->g + r * t->g_stride, t->u + r * t->u_stride, t->out + r * t->f, t->f);
-}
-
-static void *worker(void *arg) {
-  run_rows((const sg_task *)arg);
-  return NULL;
+static void run_rows(const void *ctx, int64_t row0, int64_t row1) {
+  const sg_call *c = (const sg_call *)ctx;
+  for (int64_t r = row0; r < row1; ++r)
+    c->fn(c->g + r * c->g_stride, c->u + r * c->u_stride, c->out + r * c->f, c->f);
 }
 
 /* out = silu(gate) * up over rows [0, rows) (see the specification above). isa < 0 picks the
@@ -175,27 +162,7 @@ NEXUS_API int nexus_sg_swiglu(int isa, const float *gate, int64_t g_stride, cons
     return NEXUS_SG_EBADARG;
   row_fn fn = isa_fn(isa < 0 ? nexus_sg_best_isa() : isa);
   if (fn == NULL) return NEXUS_SG_EISA;
-  int64_t want = rows * f < NEXUS_SG_PARALLEL ? 1 : threads;
-  if (want > rows) want = rows;
-  if (want > NEXUS_SG_MAX_THREADS) want = NEXUS_SG_MAX_THREADS;
-  if (want < 1) want = 1;
-  sg_task tasks[NEXUS_SG_MAX_THREADS];
-  pthread_t ids[NEXUS_SG_MAX_THREADS];
-  int64_t started = 0;
-  for (int64_t k = 0; k < want; ++k) {
-    sg_task task = {gate, up, out, rows * k / want, rows * (k + 1) / want, f, g_stride, u_stride,
-                    fn};
-    tasks[k] = task;
-  }
-  for (int64_t k = 1; k < want; ++k) {
-    if (pthread_create(&ids[k], NULL, worker, &tasks[k]) != 0) {
-      run_rows(&tasks[k]); /* no thread: do the share here */
-      continue;
-    }
-    started |= (int64_t)1 << k;
-  }
-  run_rows(&tasks[0]);
-  for (int64_t k = 1; k < want; ++k)
-    if (started & ((int64_t)1 << k)) pthread_join(ids[k], NULL);
+  sg_call call = {gate, up, out, f, g_stride, u_stride, fn};
+  nexus_parallel_rows(run_rows, &call, rows, threads, rows * f >= NEXUS_SG_PARALLEL);
   return NEXUS_SG_OK;
 }
