@@ -71,6 +71,7 @@ from nexus_mlx.tools.registry import load_tools
 from nexus_mlx.tools.tool import Tool
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
 from nexus_mlx.decode.name_fsm import mask_logits, vocab_of
+from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, restrained
 from nexus_mlx.decode.tool_call import CALL_PREFIX, CALL_SUFFIX, NAME_GLUE, SYSTEM_PROMPT, generate_tool_call, tool_call_prompt
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.tokenizer import chat_text
@@ -145,7 +146,8 @@ def first_value_done(text: str) -> bool:
 
 class FirstArgument:
     """Prefill a tool-call prompt into an empty cache, force the tool name, then decode under
-    the tool's grammar (greedy, as ``generate_tool_call`` does) until the first value is done.
+    the tool's grammar (greedy, with the default restraint on optional members, as
+    ``generate_tool_call`` does) until the first value is done.
 
     After ``budget`` sampled tokens it closes like ``generate_tool_call`` past its
     ``max_argument_tokens`` (``closing_token`` where that has a choice) and, like it, stops
@@ -181,7 +183,11 @@ class FirstArgument:
                 logits = forward(self.model, pending, cache, logits="last")  # (1, 1, V)
                 pending = []
                 mask = mx.array(constraint.allowed_mask())
+                choice = constraint.member_choice()
                 token = int(mx.argmax(mask_logits(logits[:, -1, :], mask), axis=-1).item())
+                if choice is not None:  # generate_tool_call's default restraint, the same rule
+                    row = np.asarray(logits[0, -1].astype(mx.float32))  # (V,)
+                    token = restrained(token, row, choice, DEFAULT_OPTIONAL_MARGIN)
             else:
                 token = closing
             sampled += 1

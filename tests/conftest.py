@@ -55,6 +55,25 @@ def default_tokenizer(default_gguf):
 
 
 @pytest.fixture(scope="session")
+def tiny(default_tokenizer):
+    """A random-weight 2-layer llama over the default model's real 49,152-token vocabulary."""
+    import mlx.core as mx
+
+    from nexus_mlx.models.build import model_classes
+
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
+              "max_position_embeddings": 4096, "tie_word_embeddings": True}
+    model_cls, args_cls = model_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (GitHub MCP tools, Seal-Tools, multi-hop QA); skips when absent."""
     if not SHARED_DATA.is_dir():

@@ -22,7 +22,6 @@ from nexus_mlx.decode.tool_call import (
     tool_call_prompt,
 )
 from nexus_mlx.errors import ArgumentError
-from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.tools.ir import tool_signature
 from nexus_mlx.tools.registry import load_tools
@@ -42,21 +41,6 @@ CANDIDATES = ("create_repository", "list_issues", "get_me", "fork_repository")
 @pytest.fixture(scope="session")
 def github(github_tools_file):
     return load_tools(github_tools_file)
-
-
-@pytest.fixture(scope="session")
-def tiny(default_tokenizer):
-    """A random-weight 2-layer llama over the real 49,152-token vocabulary."""
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
-              "max_position_embeddings": 4096, "tie_word_embeddings": True}
-    model_cls, args_cls = model_classes(config)
-    mx.random.seed(0)
-    model = model_cls(args_cls.from_dict(config))
-    mx.eval(model.parameters())
-    model.eval()
-    return model
 
 
 def _sampler(seed: int):
