@@ -3,15 +3,15 @@
 Contract: importing this module makes ``nexus_mlx`` importable (adds the repository root to
 ``sys.path`` when it is not installed) and imports it, so a script that does ``from common import
 ...`` before ``import mlx.core`` gets the optimized BLAS. It provides timing (``time_ms``),
-bootstrap statistics (``median_ci``, ``ratio_ci``, ``paired_ratio_ci``), machine description (``machine_info``) and the
-result protocol: ``emit`` writes ``results/<name>.json`` (``results/quick/`` with ``--quick``) and
-prints the same object as one JSON line, the script's last stdout line. ``shared_data(...)`` is
-the one spelling of the shared data folder (``../shared/data`` beside the repository), and
-``paper_reference()`` reads ``bench/paper_reference.json``, the one copy of the papers' numbers
-(JSON only: the report reads it without loading a model). ``add_model_argument`` gives a script
-the ``--model`` flag (any ``nexus_mlx.load`` spec) and ``model_record(spec, model)`` is what its
-result says about the model it ran (``"model"``: one line for the report; ``"model_info"``:
-spec, file, architecture, layers, compute dtype, weights digest).
+bootstrap statistics (``median_ci``, ``ratio_ci``, ``paired_ratio_ci``), machine description
+(``machine_info``) and the result protocol: ``emit`` writes ``results/<name>.json``
+(``results/quick/`` with ``--quick``) and prints the same object as one JSON line, the script's last
+stdout line. ``shared_data(...)`` is the one spelling of the shared data folder (``../shared/data``
+beside the repository), and ``paper_reference()`` reads ``bench/paper_reference.json``, the one copy
+of the papers' numbers (JSON only: the report reads it without loading a model).
+``add_model_argument`` gives a script the ``--model`` flag (any ``nexus_mlx.load`` spec) and
+``model_record(spec, model)`` is what its result says about the model it ran (``"model"``: one line
+for the report; ``"model_info"``: spec, file, architecture, layers, compute dtype, weights digest).
 
 It does not know what is being benchmarked; ``time_ms`` only calls ``fn``, which must force its own
 outputs (``mx.eval``) so lazy MLX work is inside the timed region.

@@ -14,11 +14,12 @@ request for it go on top:
   outside timing), only the request is computed; ``limit_speedup`` = prefill / request.
 TTFT stops when the first generated token is evaluated. Arms are interleaved trial by trial (their
 order rotates) because the machine is shared, and every ratio (``speedup``, ``limit_speedup``) is
-the median of the per-round ratios with a bootstrap CI over rounds (``paired_ratio_ci``). Before timing, each depth runs every arm once
-untimed, compares its first-token distribution with the prefill arm's (KL in nats, top-1
-agreement) and checks the cache holds history + schema + request; an arm that recomputes 100% of
-the block must match the prefill, or the script stops. Then one more warm-up round. The JSON
-records the load average at start and end: the machine is shared, so read the ratios.
+the median of the per-round ratios with a bootstrap CI over rounds (``paired_ratio_ci``). Before
+timing, each depth runs every arm once untimed, compares its first-token distribution with the
+prefill arm's (KL in nats, top-1 agreement) and checks the cache holds history + schema + request;
+an arm that recomputes 100% of the block must match the prefill, or the script stops. Then one more
+warm-up round. The JSON records the load average at start and end: the machine is shared, so read
+the ratios.
 
 JSON ``{"cells": [{"n_past", "K", "curve", "R_pct", "recomputed", "prefill_ms", "splice_ms",
 "speedup", "speedup_ci", "top1_ok", "kl", "splice_stage_ms" (validate / select / copy / repair =

@@ -11,7 +11,8 @@ refresh recomputes the same rows each time, so every call does the same work); m
 speedups as the median of the per-round ratios with a bootstrap CI over rounds. ``--quick``:
 N = 2K only, 1 warm-up and 3 trials, and the stale cache is one prefilled 256-token text tiled
 to N rows (keys re-rotated to their positions): real K/V magnitudes, the same refresh cost, a
-fraction of the prefill time. (Random normal K/V do not work for the equality check: their extreme attention logits amplify rounding to ~3e-3.)
+fraction of the prefill time. (Random normal K/V do not work for the equality check: their
+extreme attention logits amplify rounding to ~3e-3.)
 Blocked attention: a third arm, interleaved with the two, runs the packed executor with the
 blocked attention kernel off (``position_attention.disabled()``: the two GEMMs around the native
 position softmax every CPU used before); its cache must equal the packed one within 1e-4, and

@@ -55,8 +55,9 @@ def default_tokenizer(default_gguf):
 
 
 @pytest.fixture(scope="session")
-def tiny(default_tokenizer):
-    """A random-weight 2-layer llama over the default model's real 49,152-token vocabulary."""
+def tiny():
+    """A random-weight 2-layer llama sized for the default model's real 49,152-token vocabulary
+    (pair it with the ``default_tokenizer`` fixture)."""
     import mlx.core as mx
 
     from nexus_mlx.models.build import model_classes

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nexus_mlx.errors import ArgumentError, TokenError
-from nexus_mlx.models.build import model_classes
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.tokenizer import token_char_spans
 from nexus_mlx.refresh import Edit, budget_tokens, repair, shift
@@ -50,19 +48,9 @@ QUERY = "Where is the vault key?"
 
 
 @pytest.fixture(scope="module")
-def model():
-    config = {
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "vocab_size": 49152, "max_position_embeddings": 4096,
-        "rope_theta": 10000.0, "tie_word_embeddings": True,
-    }
-    model_cls, args_cls = model_classes(config)
-    mx.random.seed(0)
-    m = model_cls(args_cls.from_dict(config))
-    mx.eval(m.parameters())
-    m.eval()
-    return m
+def model(tiny):
+    """The tiny real-vocabulary llama of ``conftest.py``."""
+    return tiny
 
 
 def filled(model, ids):

@@ -88,7 +88,8 @@ def test_native_loader_loads_once_explains_failures_and_switches_off(monkeypatch
     monkeypatch.setenv("NEXUS_MLX_TEST_KERNEL", "off")
     assert loader.library() is not None  # the outcome is kept until cleared
     loader.cache_clear()
-    assert loader.library() is None and "disabled by NEXUS_MLX_TEST_KERNEL" in loader.status().reason
+    assert loader.library() is None
+    assert "disabled by NEXUS_MLX_TEST_KERNEL" in loader.status().reason
 
     def broken() -> _Library:
         raise _cbuild.BuildError("no C compiler (cc/gcc) found")

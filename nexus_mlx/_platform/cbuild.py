@@ -167,6 +167,9 @@ class NativeLoader(Generic[_Library]):
         self._off = 0
 
     def _resolved(self) -> tuple[_Library | None, NativeStatus]:
+        result = self._result  # settled after the first use: no lock on the per-layer path
+        if result is not None:
+            return result
         with self._lock:
             if self._result is None:
                 self._result = load_or_explain(self.env_var, self._load, self.what)

@@ -20,8 +20,8 @@ Contract: ``swiglu(gate, up)`` takes two arrays of one shape ``(..., F)`` and re
   :func:`kernel_applies` (float32 on the CPU, a SIMD path, more than one row and at least
   :data:`MIN_ELEMENTS` elements: a decode step's single row stays lazy, since a sync point
   there would stall the pipelined decode loop, and below that size it costs more than it
-  saves), else
-  :func:`~nexus_mlx.kernels.cpu_exp.silu` times ``up`` (the compiled exp, or ``nn.silu``).
+  saves), else :func:`~nexus_mlx.kernels.cpu_exp.silu` times ``up`` (the compiled exp, or
+  ``nn.silu``).
   Results agree with the reference within float32 rounding (the exp is within 1e-7 relative).
 
 ``NEXUS_MLX_SWIGLU=0`` disables the native kernel for the process; ``with disabled():`` turns
