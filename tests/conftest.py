@@ -58,20 +58,13 @@ def default_tokenizer(default_gguf):
 def tiny():
     """A random-weight 2-layer llama sized for the default model's real 49,152-token vocabulary
     (pair it with the ``default_tokenizer`` fixture)."""
-    import mlx.core as mx
+    from tiny_models import random_model
 
-    from nexus_mlx.models.build import model_classes
-
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
-              "max_position_embeddings": 4096, "tie_word_embeddings": True}
-    model_cls, args_cls = model_classes(config)
-    mx.random.seed(0)
-    model = model_cls(args_cls.from_dict(config))
-    mx.eval(model.parameters())
-    model.eval()
-    return model
+    return random_model({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True})
 
 
 @pytest.fixture(scope="session")

@@ -69,12 +69,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 
-def tiny_model(name: str, seed: int = 0) -> nn.Module:
-    """A float32 model with MLX's random initialisation and randomised norm weights."""
-    config = {**_COMMON, **CONFIGS[name]}
+def random_model(config: dict[str, Any], seed: int = 0) -> nn.Module:
+    """An evaluated float32 model of ``config`` (mlx-lm keys) with MLX's random initialisation."""
     model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def tiny_model(name: str, seed: int = 0) -> nn.Module:
+    """A float32 model with MLX's random initialisation and randomised norm weights."""
+    model = random_model({**_COMMON, **CONFIGS[name]}, seed)
     if model.model_type == "gemma3_text":  # as when a checkpoint has no lm_head: tied
         model.sanitize({})
     offset = 0.0 if model.model_type in ("gemma2", "gemma3_text") else 1.0  # gemma: (1 + w)
