@@ -294,6 +294,9 @@ def test_a_saved_session_continues_exactly_and_refuses_other_models(model, tmp_p
         load_session(model, None, tmp_path / "bad.safetensors")
     with pytest.raises(FormatError):
         load_session(model, None, tmp_path / "missing.safetensors")
+    named = save_session(s, tmp_path / "chat.session")  # any name: read back as safetensors
+    assert named.name == "chat.session"
+    assert live_snapshot(load_session(model, None, named).cache) == live_snapshot(s.cache)
 
 
 def test_healing_every_stale_row_equals_a_fresh_prefill(model):

@@ -2,13 +2,13 @@
 
 Contract: ``save_session(session, path)`` writes one safetensors file (the live K/V of every
 layer, the token ids, the per-row stale flags, the next-token logits) with JSON metadata (format
-version, the model's fingerprint, a digest of the chat template, dtype, V layout and the session's settings). The
-file is written to a temporary name beside ``path`` and renamed into place, so a crash never
-leaves a half-written session under ``path``. ``load_session(model, tokenizer, path)`` refuses,
-before building anything, a file that is not a session of this version (:class:`FormatError`,
-naming the field), or one made for another model, template or dtype
-(:class:`ModelMismatchError`, listing every difference). A loaded session continues exactly
-where the saved one stopped.
+version, the model's fingerprint, a digest of the chat template, dtype, V layout and the
+session's settings). The file is written to a temporary name beside ``path`` and renamed into
+place, so a crash never leaves a half-written session under ``path``; ``path`` keeps the name it
+is given, whatever its suffix. ``load_session(model, tokenizer, path)`` refuses, before building
+anything, a file that is not a session of this version (:class:`FormatError`, naming the field),
+or one made for another model, template or dtype (:class:`ModelMismatchError`, listing every
+difference). A loaded session continues exactly where the saved one stopped.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
 
 def _read(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     try:
-        loaded: Any = mx.load(str(path), return_metadata=True)
+        # the format is fixed: mx.load would otherwise read it from the name (".npz", ...)
+        loaded: Any = mx.load(str(path), format="safetensors", return_metadata=True)
     except Exception as exc:  # mx.load raises plain errors on files it cannot parse
         raise FormatError(f"{path} is not a readable safetensors file: {exc}") from None
     arrays = cast(dict[str, mx.array], loaded[0])
