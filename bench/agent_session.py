@@ -34,6 +34,13 @@ replies are not a call comparison. ``calls_compared`` counts those requests and
 JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
 "calls_identical", "calls_compared", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
 ``deep``: the non-append classes at depth >= 1,024 tokens), plus every request's record.
+
+A long run may go in shards: trajectories are drawn per index (the same trajectory ``i`` for
+any ``--n`` > ``i``), so ``--trajectories A:B`` runs indices ``A..B-1`` of the ``--n`` drawn, each
+shard alone on the machine and every request's arms still interleaved within it; then
+``--merge FILE ...`` (no model) joins shards of the same settings and disjoint trajectories into
+one result (records in trajectory order, the summary recomputed over all of them, each shard's
+machine and load listed under ``shards``) written under ``--tag``.
 """
 
 from __future__ import annotations
@@ -326,6 +333,58 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
     plots.save(fig, name, quick)
 
 
+SHARD_SETTINGS = ("model", "n_trajectories", "requests", "tools_per_trajectory", "idle_heal",
+                  "tool_blocks", "decode_tokens", "call_tokens", "questions", "budgets",
+                  "allocator", "seed")  # what shards must share to be merged
+
+
+def trajectory_range(text: str, n: int) -> tuple[int, int]:
+    """``"A:B"`` (either end may be omitted) as a range of trajectory indices within ``n``."""
+    first, sep, last = text.partition(":")
+    try:
+        a, b = int(first or 0), int(last or n) if sep else int(first) + 1
+    except ValueError:
+        raise SystemExit(f"--trajectories wants A:B, got {text!r}") from None
+    if not 0 <= a < b <= n:
+        raise SystemExit(f"--trajectories {text}: need 0 <= A < B <= --n ({n})")
+    return a, b
+
+
+def merge_shards(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result payload from shard payloads of the same settings and disjoint trajectories
+    (see the module docstring); raises ValueError naming what differs or overlaps."""
+    if not shards:
+        raise ValueError("nothing to merge")
+    base = shards[0]
+    for shard in shards[1:]:
+        differ = [k for k in SHARD_SETTINGS if shard.get(k) != base.get(k)]
+        if differ:
+            raise ValueError(f"shards differ in {', '.join(differ)}")
+    seen: dict[int, int] = {}
+    for number, shard in enumerate(shards):
+        for index in {r["trajectory"] for r in shard["records"]}:
+            if index in seen:
+                raise ValueError(f"trajectory {index} is in shards {seen[index]} and {number}")
+            seen[index] = number
+    records = sorted((r for shard in shards for r in shard["records"]),
+                     key=lambda r: (r["trajectory"], r["request"]))
+    arms = tuple(records[0]["arms"])
+    return {**{k: base[k] for k in ("model", "model_info", *SHARD_SETTINGS) if k in base},
+            "trajectories": sorted(seen),
+            "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
+            "shards": [{"trajectories": sorted({r["trajectory"] for r in shard["records"]}),
+                        "machine": shard.get("machine")} for shard in shards],
+            "summary": summarize([r for r in records if r["request"] > 0], arms),
+            "records": records}
+
+
+def merge_main(files: list[str], tag: str) -> None:
+    payload = merge_shards([json.loads(Path(f).read_text()) for f in files])
+    name = "agent_session" + (f"_{tag}" if tag else "")
+    emit(name, payload, False)
+    draw(payload["summary"], name, False)
+
+
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0] if __doc__ else "")
     add_model_argument(parser)
@@ -349,7 +408,15 @@ def main() -> None:
                         help="repair budgets in percent, one repair-<b> arm each")
     parser.add_argument("--allocator", default="sur", choices=SESSION_ALLOCATORS,
                         help="the repair arms' allocator")
+    parser.add_argument("--trajectories", default=None, metavar="A:B",
+                        help="run only trajectories A..B-1 of the --n drawn (a shard)")
+    parser.add_argument("--merge", nargs="+", metavar="FILE", default=None,
+                        help="join shard results (no model run) into results/agent_session"
+                             "[_TAG].json")
     args = parser.parse_args()
+    if args.merge:
+        merge_main(args.merge, args.tag)
+        return
     budgets = tuple(float(b) for b in str(args.budgets).split(","))
     arm_names = (*BASE_ARMS, *(f"repair-{b:g}" for b in budgets))
     if args.quick:
@@ -362,6 +429,8 @@ def main() -> None:
     pool = live + github_tools(None if not args.quick else 12)
     trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed,
                                      tool_counts, questions=questions)
+    span = trajectory_range(args.trajectories, args.n) if args.trajectories else (0, args.n)
+    trajectories = trajectories[span[0]:span[1]]
     render = Session(model, tokenizer)
     eos = set(render.eos_token_ids)
     # the repair arms share compiled tool blocks across trajectories, harvested from their caches
@@ -406,7 +475,8 @@ def main() -> None:
     first = [r for r in records if r["request"] > 0]
     summary = summarize(first, arm_names)
     name = "agent_session" + (f"_{args.tag}" if args.tag else "")
-    emit(name, {**model_record(args.model, model), "n_trajectories": args.n, "requests": args.requests,
+    emit(name, {**model_record(args.model, model), "n_trajectories": args.n,
+                "trajectories": list(range(*span)), "seed": args.seed, "requests": args.requests,
                 "tools_per_trajectory": tool_counts,
                 "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
                 "call_tokens": args.call_tokens,

@@ -1,0 +1,55 @@
+"""The session benchmark in shards: trajectory ranges, and merging shard results into one."""
+
+import pytest
+from agent_session import ARMS, merge_shards, summarize, trajectory_range
+
+SETTINGS = {"model": "m", "n_trajectories": 4, "requests": 3, "tools_per_trajectory": [3],
+            "idle_heal": True, "tool_blocks": True, "decode_tokens": 16, "call_tokens": 96,
+            "questions": "offered tools", "budgets": [2.0, 5.0], "allocator": "sur", "seed": 0}
+
+
+def _record(trajectory: int, request: int, edit: str, depth: int) -> dict:
+    arms = {arm: {"ttft_ms": 100.0 * (1 + i) + trajectory, "computed": 10, "kl": 0.0,
+                  "agree16": arm != "repair-2" or trajectory % 2 == 0,
+                  "calls_identical": None}
+            for i, arm in enumerate(ARMS)}
+    return {"trajectory": trajectory, "request": request, "edit": edit, "depth": depth,
+            "arms": arms}
+
+
+def _shard(trajectories: list[int], **changes) -> dict:
+    records = [_record(t, r, e, 900 + 200 * t)
+               for t in trajectories for r, e in enumerate(("first", "append", "delete"))]
+    return {**SETTINGS, "model_info": {}, "records": records, "machine": {"date": "d"},
+            **changes}
+
+
+def test_merged_shards_equal_one_run_of_all_trajectories():
+    merged = merge_shards([_shard([2, 3]), _shard([0, 1])])
+    whole = _shard([0, 1, 2, 3])["records"]
+    assert merged["records"] == whole  # trajectory order
+    assert merged["summary"] == summarize([r for r in whole if r["request"] > 0], ARMS)
+    assert merged["trajectories"] == [0, 1, 2, 3] and merged["depths"] == [900, 1500]
+    assert [s["trajectories"] for s in merged["shards"]] == [[2, 3], [0, 1]]
+    assert merged["summary"]["repair-2"]["delete"]["agree16"] == 0.5
+
+
+def test_shards_of_other_settings_or_the_same_trajectory_are_refused():
+    with pytest.raises(ValueError, match="differ in budgets, seed"):
+        merge_shards([_shard([0]), _shard([1], budgets=[5.0], seed=1)])
+    with pytest.raises(ValueError, match="trajectory 1 is in shards 0 and 1"):
+        merge_shards([_shard([0, 1]), _shard([1, 2])])
+    with pytest.raises(ValueError, match="nothing"):
+        merge_shards([])
+
+
+@pytest.mark.parametrize(("text", "span"), [("0:5", (0, 5)), ("5:", (5, 20)), (":3", (0, 3)),
+                                            ("7", (7, 8))])
+def test_trajectory_ranges(text, span):
+    assert trajectory_range(text, 20) == span
+
+
+@pytest.mark.parametrize("text", ["5:5", "0:21", "-1:3", "a:b"])
+def test_bad_trajectory_ranges_stop_with_a_message(text):
+    with pytest.raises(SystemExit, match="--trajectories"):
+        trajectory_range(text, 20)
