@@ -7,7 +7,11 @@ deleted or truncated tool results, edited messages) over the GitHub MCP tool def
 the live ``mcp-server-time`` and ``mcp-server-git`` tools, whose results are real answers of
 those servers on a temporary git repository. Each user turn asks for one of the tools its request
 offers (the GitHub MCP queries, or a request for a live tool), so replies write calls to compare;
-``--generic-questions`` asks the fixed general questions instead. Arms, interleaved request by
+``--generic-questions`` asks the fixed general questions instead. An appended call is the one the
+previous turn asked for (the query's gold arguments; a live tool's real result, a GitHub tool's
+acknowledgement, :func:`~tasks.trajectories.stand_in_result`), so the conversation reads as an
+agent's; ``--random-calls`` appends a random offered tool's call with made-up arguments instead
+(the construction of the runs before 2026-12-03; ``calls`` in the JSON says which). Arms, interleaved request by
 request (their order rotates):
 
 - ``reprefill``: a fresh cache per request (our engine);
@@ -65,7 +69,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-from tasks.trajectories import EDIT_CLASSES, make_trajectories
+from tasks.trajectories import EDIT_CLASSES, Answer, make_trajectories
 
 from nexus_mlx import forward, load, make_cache
 from nexus_mlx.agent.alignment import common_prefix
@@ -117,49 +121,73 @@ def _git_repository(root: Path) -> Path:
     return repo
 
 
+LIVE_CALLS: dict[str, list[dict[str, Any]]] = {  # each made once per run ("{repo}": the repository)
+    "time.get_current_time": [{"timezone": z} for z in ("Asia/Tokyo", "UTC", "Europe/London")],
+    "time.convert_time": [{"source_timezone": "America/New_York", "time": "14:30",
+                           "target_timezone": "Europe/London"}],
+    "git.git_log": [{"repo_path": "{repo}", "max_count": n} for n in (2, 3)],
+    "git.git_status": [{"repo_path": "{repo}"}],
+    "git.git_diff_unstaged": [{"repo_path": "{repo}"}],
+}
+LIVE_QUESTIONS = {  # tool -> (request, index of the LIVE_CALLS call that answers it)
+    "time.get_current_time": (("What time is it in Tokyo right now?", 0),
+                              ("What is the current time in UTC?", 1)),
+    "time.convert_time": (("Convert 14:30 New York time to London time.", 0),),
+    "git.git_log": (("Show me the three most recent commits of the repository at {repo}.", 1),),
+    "git.git_status": (("Which files are modified in the working tree of {repo}?", 0),),
+    "git.git_diff_unstaged": (("What are the unstaged changes in the repository at {repo}?",
+                               0),),
+}
+
+
+def _for_repo(arguments: dict[str, Any], repo: Path) -> dict[str, Any]:
+    return {k: v.format(repo=repo) if isinstance(v, str) else v for k, v in arguments.items()}
+
+
 def live_tools(workdir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """The live time and git tools and real results of each, from the running servers."""
+    """The live time and git tools and real results of each (``LIVE_CALLS``, in order), from
+    the running servers on a fresh repository under ``workdir``."""
     repo = _git_repository(workdir)
     specs = [installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
              installed_server("mcp-server-git", "mcp_server_git", "--repository", str(repo),
                               namespace="git")]
-    calls = {"time.get_current_time": [{"timezone": z} for z in ("Asia/Tokyo", "UTC",
-                                                                  "Europe/London")],
-             "time.convert_time": [{"source_timezone": "America/New_York", "time": "14:30",
-                                    "target_timezone": "Europe/London"}],
-             "git.git_log": [{"repo_path": str(repo), "max_count": n} for n in (2, 3)],
-             "git.git_status": [{"repo_path": str(repo)}],
-             "git.git_diff_unstaged": [{"repo_path": str(repo)}]}
     tools: list[dict[str, Any]] = []
     results: dict[str, list[str]] = {}
     for spec in specs:
         with McpServer(spec) as server:
             for tool in server.list_tools():
                 tools.append(openai_tool(tool))
-                for arguments in calls.get(tool.qualified_name, []):
-                    answer = server.call_tool(tool.qualified_name, arguments, timeout=30)
+                for arguments in LIVE_CALLS.get(tool.qualified_name, []):
+                    answer = server.call_tool(tool.qualified_name, _for_repo(arguments, repo),
+                                              timeout=30)
                     results.setdefault(tool.qualified_name, []).append(answer.text)
     return tools, results
 
 
-LIVE_QUESTIONS = {
-    "time.get_current_time": ("What time is it in Tokyo right now?",
-                              "What is the current time in UTC?"),
-    "time.convert_time": ("Convert 14:30 New York time to London time.",),
-    "git.git_log": ("Show me the three most recent commits of the repository at {repo}.",),
-    "git.git_status": ("Which files are modified in the working tree of {repo}?",),
-    "git.git_diff_unstaged": ("What are the unstaged changes in the repository at {repo}?",),
-}
-
-
 def tool_questions(repo: Path) -> dict[str, list[str]]:
     """Requests each tool serves: the live tools' (about ``repo``) and the GitHub MCP queries'."""
-    out = {name: [q.format(repo=repo) for q in qs] for name, qs in LIVE_QUESTIONS.items()}
-    for line in GITHUB_QUERIES.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out.setdefault(row["tool"], []).append(row["query"])
+    out = {name: [q.format(repo=repo) for q, _ in qs] for name, qs in LIVE_QUESTIONS.items()}
+    for row in _github_queries():
+        out.setdefault(row["tool"], []).append(row["query"])
     return out
+
+
+def question_answers(repo: Path, results: dict[str, list[str]]) -> dict[str, Answer]:
+    """The call each request of :func:`tool_questions` asks for: a live tool's with its real
+    result (``results`` from :func:`live_tools`), a GitHub MCP query's gold call with none."""
+    out: dict[str, Answer] = {}
+    for name, asked in LIVE_QUESTIONS.items():
+        for question, index in asked:
+            answer = results.get(name, [])[index:index + 1]
+            out[question.format(repo=repo)] = (name, _for_repo(LIVE_CALLS[name][index], repo),
+                                               answer[0] if answer else None)
+    for row in _github_queries():
+        out[row["query"]] = (row["tool"], dict(row["arguments"]), None)
+    return out
+
+
+def _github_queries() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in GITHUB_QUERIES.read_text().splitlines() if line.strip()]
 
 
 def github_tools(limit: int | None) -> list[dict[str, Any]]:
@@ -335,7 +363,7 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
 
 SHARD_SETTINGS = ("model", "n_trajectories", "requests", "tools_per_trajectory", "idle_heal",
                   "tool_blocks", "decode_tokens", "call_tokens", "questions", "budgets",
-                  "allocator", "seed")  # what shards must share to be merged
+                  "allocator", "seed", "calls")  # what shards must share to be merged
 
 
 def trajectory_range(text: str, n: int) -> tuple[int, int]:
@@ -396,6 +424,9 @@ def main() -> None:
     parser.add_argument("--call-tokens", type=int, default=CALL_TOKENS,
                         help="decode on to this many tokens while the reply is an unfinished call")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--random-calls", action="store_true",
+                        help="appended calls go to a random offered tool with made-up arguments "
+                             "(the runs before 2026-12-03), not to the tool the request asked for")
     parser.add_argument("--generic-questions", action="store_true",
                         help="user turns ask general questions, not requests for an offered tool "
                              "(the runs before 2026-12-02)")
@@ -426,9 +457,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
         live, results = live_tools(Path(tmp))
         questions = None if args.generic_questions else tool_questions(Path(tmp) / "repo")
+        answers = (None if args.generic_questions or args.random_calls
+                   else question_answers(Path(tmp) / "repo", results))
     pool = live + github_tools(None if not args.quick else 12)
     trajectories = make_trajectories(pool, results, args.n, args.requests, args.seed,
-                                     tool_counts, questions=questions)
+                                     tool_counts, questions=questions, answers=answers)
     span = trajectory_range(args.trajectories, args.n) if args.trajectories else (0, args.n)
     trajectories = trajectories[span[0]:span[1]]
     render = Session(model, tokenizer)
@@ -481,6 +514,7 @@ def main() -> None:
                 "idle_heal": not args.no_idle_heal, "tool_blocks": not args.no_blocks, "decode_tokens": args.decode,
                 "call_tokens": args.call_tokens,
                 "questions": "generic" if args.generic_questions else "offered tools",
+                "calls": "random" if answers is None else "answered",
                 "budgets": list(budgets), "allocator": args.allocator,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)

@@ -5,7 +5,8 @@ from agent_session import ARMS, merge_shards, summarize, trajectory_range
 
 SETTINGS = {"model": "m", "n_trajectories": 4, "requests": 3, "tools_per_trajectory": [3],
             "idle_heal": True, "tool_blocks": True, "decode_tokens": 16, "call_tokens": 96,
-            "questions": "offered tools", "budgets": [2.0, 5.0], "allocator": "sur", "seed": 0}
+            "questions": "offered tools", "budgets": [2.0, 5.0], "allocator": "sur", "seed": 0,
+            "calls": "answered"}
 
 
 def _record(trajectory: int, request: int, edit: str, depth: int) -> dict:

@@ -6,8 +6,14 @@ form, the ``edit`` class that produced it from the previous request). The first 
 system prompt, a tool list and a user question; every later one applies one edit to the previous
 request and then appends a new user question:
 
-- ``append``: the assistant's call to one of the offered tools and the tool's result (a real
-  result from the pool), then the question;
+- ``append``: the assistant's call and the tool's result, then the question. With ``answers``
+  (a request text -> :data:`Answer`) and the last user turn one of them, whose tool is offered,
+  the call is the one that request asks for, with its arguments, and the result is that call's
+  real result (a live server's) or, for a tool no server answers here, :func:`stand_in_result`:
+  the conversation reads as an agent's would, and every later request also starts with such an
+  answer to the last turn before its own edit (an agent answers each turn; the class names the
+  edit made besides). Otherwise (or without ``answers``) the call is to a random offered tool
+  with made-up arguments and a real result from the pool, and only ``append`` requests add one;
 - ``tools``: one tool added or removed, or the list shuffled (servers reconnecting, routing
   changing its top-k);
 - ``delete``: a stale tool result truncated to a surrogate, or an old call and its result
@@ -52,6 +58,10 @@ SYSTEM = ("You are a coding agent working in a git repository. Use the tools whe
           "answer briefly when they do not.")
 
 
+Answer = tuple[str, dict[str, Any], str | None]
+"""What a request asks for: the tool, its arguments, and the call's real result (None: none)."""
+
+
 @dataclass
 class Request:
     messages: list[dict[str, Any]]
@@ -88,17 +98,36 @@ def _arguments(tool: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
     return out
 
 
+def stand_in_result(name: str, arguments: Mapping[str, Any]) -> str:
+    """The result of a call no server answers here: an acknowledgement naming the call."""
+    return json.dumps({"status": "ok", "tool": name, "arguments": dict(arguments)})
+
+
+def _answered_call(req: Request, answers: Mapping[str, Answer] | None) -> Answer | None:
+    """The call the last user turn asks for, when ``answers`` knows it and its tool is offered."""
+    last = next((m for m in reversed(req.messages) if m["role"] == "user"), None)
+    answer = answers.get(str(last["content"])) if answers and last else None
+    offered = {t["function"]["name"] for t in req.tools}
+    return answer if answer is not None and answer[0] in offered else None
+
+
 def _append_call(req: Request, results: Mapping[str, Sequence[str]], pool_texts: Sequence[str],
-                 rng: random.Random, serial: int) -> str:
-    tool = rng.choice(req.tools)
-    name = tool["function"]["name"]
+                 rng: random.Random, serial: int, answers: Mapping[str, Answer] | None = None
+                 ) -> str:
+    answered = _answered_call(req, answers)
+    if answered is not None:
+        name, arguments, result = answered
+        content = result if result is not None else stand_in_result(name, arguments)
+    else:
+        tool = rng.choice(req.tools)
+        name, arguments = tool["function"]["name"], _arguments(tool, rng)
+        content = rng.choice(list(results.get(name) or pool_texts))
     call_id = f"call_{serial}"
     req.messages.append({"role": "assistant", "content": None, "tool_calls": [
         {"id": call_id, "type": "function",
-         "function": {"name": name, "arguments": json.dumps(_arguments(tool, rng))}}]})
-    texts = results.get(name) or pool_texts
+         "function": {"name": name, "arguments": json.dumps(arguments)}}]})
     req.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                         "content": rng.choice(list(texts))})
+                         "content": content})
     return name
 
 
@@ -178,10 +207,12 @@ def make_trajectories(
     tools_per_trajectory: int | Sequence[int] = 6,
     first_appends: int = 2,
     questions: Mapping[str, Sequence[str]] | None = None,
+    answers: Mapping[str, Answer] | None = None,
 ) -> list[Trajectory]:
     """``n`` trajectories of ``requests`` requests each (see the module docstring). The first
     ``first_appends`` edits are appends, so the conversation has depth before other edits.
-    ``tools_per_trajectory`` may be a sequence, cycled over the trajectories (its depths)."""
+    ``tools_per_trajectory`` may be a sequence, cycled over the trajectories (its depths);
+    ``answers`` makes appends the calls the requests ask for (module docstring)."""
     counts = ([tools_per_trajectory] if isinstance(tools_per_trajectory, int)
               else list(tools_per_trajectory))
     if n < 1 or requests < 2 or len(tool_pool) < 2 or not counts or min(counts) < 1:
@@ -201,14 +232,17 @@ def make_trajectories(
             kind = "append" if step <= first_appends else EDIT_CLASSES[(step - first_appends)
                                                                        % len(EDIT_CLASSES)]
             detail = ""
+            if kind != "append" and answers is not None:  # the agent answered the last turn
+                detail = "called " + _append_call(req, results, pool_texts, rng, step, answers)
+                detail += "; "
             if kind == "append":
-                detail = "called " + _append_call(req, results, pool_texts, rng, step)
+                detail = "called " + _append_call(req, results, pool_texts, rng, step, answers)
             elif kind == "tools":
-                detail = _edit_tools(req, tool_pool, rng)
+                detail += _edit_tools(req, tool_pool, rng)
             elif kind == "delete":
-                detail = _delete_result(req, rng) or "nothing to delete"
+                detail += _delete_result(req, rng) or "nothing to delete"
             else:
-                detail = _edit_user(req, rng)
+                detail += _edit_user(req, rng)
             req.messages.append({"role": "user", "content": _question(req.tools, questions, rng)})
             req.edit, req.detail = kind, detail
             trajectory.requests.append(req)
