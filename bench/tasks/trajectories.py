@@ -231,20 +231,18 @@ def make_trajectories(
             req = copy.deepcopy(trajectory.requests[-1])
             kind = "append" if step <= first_appends else EDIT_CLASSES[(step - first_appends)
                                                                        % len(EDIT_CLASSES)]
-            detail = ""
-            if kind != "append" and answers is not None:  # the agent answered the last turn
-                detail = "called " + _append_call(req, results, pool_texts, rng, step, answers)
-                detail += "; "
-            if kind == "append":
-                detail = "called " + _append_call(req, results, pool_texts, rng, step, answers)
-            elif kind == "tools":
-                detail += _edit_tools(req, tool_pool, rng)
+            done = []  # what changed, in order
+            if kind == "append" or answers is not None:  # with answers, every turn is answered
+                done.append("called " + _append_call(req, results, pool_texts, rng, step,
+                                                     answers))
+            if kind == "tools":
+                done.append(_edit_tools(req, tool_pool, rng))
             elif kind == "delete":
-                detail += _delete_result(req, rng) or "nothing to delete"
-            else:
-                detail += _edit_user(req, rng)
+                done.append(_delete_result(req, rng) or "nothing to delete")
+            elif kind == "edit":
+                done.append(_edit_user(req, rng))
             req.messages.append({"role": "user", "content": _question(req.tools, questions, rng)})
-            req.edit, req.detail = kind, detail
+            req.edit, req.detail = kind, "; ".join(done)
             trajectory.requests.append(req)
         out.append(trajectory)
     return out
