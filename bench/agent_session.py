@@ -7,12 +7,12 @@ deleted or truncated tool results, edited messages) over the GitHub MCP tool def
 the live ``mcp-server-time`` and ``mcp-server-git`` tools, whose results are real answers of
 those servers on a temporary git repository. Each user turn asks for one of the tools its request
 offers (the GitHub MCP queries, or a request for a live tool), so replies write calls to compare;
-``--generic-questions`` asks the fixed general questions instead. An appended call is the one the
-previous turn asked for (the query's gold arguments; a live tool's real result, a GitHub tool's
-acknowledgement, :func:`~tasks.trajectories.stand_in_result`), so the conversation reads as an
-agent's; ``--random-calls`` appends a random offered tool's call with made-up arguments instead
-(the construction of the runs before 2026-12-03; ``calls`` in the JSON says which). Arms, interleaved request by
-request (their order rotates):
+``--generic-questions`` asks the fixed general questions instead. An appended call is the one
+the previous turn asked for (the query's gold arguments; a live tool's real result, a GitHub
+tool's acknowledgement, :func:`~tasks.trajectories.stand_in_result`), so the conversation reads
+as an agent's; ``--random-calls`` appends a random offered tool's call with made-up arguments
+instead (the construction of the runs before 2026-12-03; ``calls`` in the JSON says which).
+Arms, interleaved request by request (their order rotates):
 
 - ``reprefill``: a fresh cache per request (our engine);
 - ``prefix``: mlx-lm's own prompt cache and forward, reused up to the first differing token and
@@ -44,7 +44,9 @@ any ``--n`` > ``i``), so ``--trajectories A:B`` runs indices ``A..B-1`` of the `
 shard alone on the machine and every request's arms still interleaved within it; then
 ``--merge FILE ...`` (no model) joins shards of the same settings and disjoint trajectories into
 one result (records in trajectory order, the summary recomputed over all of them, each shard's
-machine and load listed under ``shards``) written under ``--tag``.
+machine listed under ``shards``) written under ``--tag``. The repair arms' compiled tool blocks
+are shared within a process, so a shard starts with none: its first trajectories splice fewer
+blocks than they would in one run of all of them.
 """
 
 from __future__ import annotations
