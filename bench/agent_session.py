@@ -59,6 +59,7 @@ from common import (  # first: loads nexus_mlx + fast BLAS
     shared_data,
 )
 
+import functools
 import json
 import os
 import subprocess
@@ -71,6 +72,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from tasks.call_scoring import GoldCall, read_gold
 from tasks.trajectories import EDIT_CLASSES, Answer, make_trajectories
 
 from nexus_mlx import forward, load, make_cache
@@ -169,8 +171,8 @@ def live_tools(workdir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]
 def tool_questions(repo: Path) -> dict[str, list[str]]:
     """Requests each tool serves: the live tools' (about ``repo``) and the GitHub MCP queries'."""
     out = {name: [q.format(repo=repo) for q, _ in qs] for name, qs in LIVE_QUESTIONS.items()}
-    for row in _github_queries():
-        out.setdefault(row["tool"], []).append(row["query"])
+    for call in _github_gold():
+        out.setdefault(call.tool, []).append(call.query)
     return out
 
 
@@ -183,13 +185,15 @@ def question_answers(repo: Path, results: dict[str, list[str]]) -> dict[str, Ans
             answer = results.get(name, [])[index:index + 1]
             out[question.format(repo=repo)] = (name, _for_repo(LIVE_CALLS[name][index], repo),
                                                answer[0] if answer else None)
-    for row in _github_queries():
-        out[row["query"]] = (row["tool"], dict(row["arguments"]), None)
+    for call in _github_gold():
+        out[call.query] = (call.tool, dict(call.arguments), None)
     return out
 
 
-def _github_queries() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in GITHUB_QUERIES.read_text().splitlines() if line.strip()]
+@functools.cache
+def _github_gold() -> tuple[GoldCall, ...]:
+    """The GitHub MCP queries with their gold calls (read and checked once)."""
+    return tuple(read_gold(GITHUB_QUERIES))
 
 
 def github_tools(limit: int | None) -> list[dict[str, Any]]:
