@@ -317,3 +317,66 @@ def test_healing_every_stale_row_equals_a_fresh_prefill(model):
     assert max_diff(s.next_token_logits(), want) <= TOL
     with pytest.raises(ArgumentError):
         s.heal(max_rows=-1)
+
+
+def test_tokens_decoded_over_stale_rows_are_stale_and_healed(model):
+    h = HISTORY.tolist()
+    s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(h)
+    s.step_ids(h[:30] + h[60:])  # a deletion repaired on 5%: stale rows remain
+    stale = s.stale_rows
+    reply = [int(t) for t in RNG.integers(0, VOCAB, 6)]
+    for token in reply:
+        s.advance(token)
+    assert s.stale_rows == stale + len(reply)  # each attended to stale rows
+    assert s.heal() == stale + len(reply) and s.stale_rows == 0
+    fresh = make_cache(model)
+    want = forward(model, h[:30] + h[60:] + reply, fresh, logits="last")[0, -1]
+    for layer in range(2):
+        assert max_diff(s.cache.keys(layer), fresh.keys(layer)) <= TOL
+        assert max_diff(s.cache.values(layer), fresh.values(layer)) <= TOL
+    assert max_diff(s.next_token_logits(), want) <= TOL
+    exact = Session(model, None, policy="exact", min_reuse=16)
+    exact.step_ids(h)
+    exact.advance(reply[0])
+    assert exact.stale_rows == 0  # nothing stale beneath: the decoded row is exact
+
+
+def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
+    s = Session(model, None, allocator="dense_tokens")
+    s.step_ids(HISTORY[:50])
+    state, logits = live_snapshot(s.cache), np.array(s.next_token_logits())
+
+    real = editor_module.forward
+
+    def broken(*args, **kwargs):  # fails after writing its row
+        real(*args, **kwargs)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(editor_module, "forward", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        s.advance(3)
+    assert live_snapshot(s.cache) == state
+    assert np.array_equal(np.array(s.next_token_logits()), logits)
+
+
+@pytest.mark.parametrize("tamper,match", [
+    (lambda a, m: m["settings"].update(turbo=True), "unknown keys"),
+    (lambda a, m: m["settings"].update(budget=-5), "settings is invalid"),
+    (lambda a, m: a.update(next_logits=a["next_logits"][:-1]), "next_logits"),
+])
+def test_a_tampered_session_file_is_refused_naming_the_field(model, tmp_path, tamper, match):
+    import json
+
+    from nexus_mlx.agent.session_file import load_session, save_session
+    from nexus_mlx.errors import FormatError
+
+    s = Session(model, None, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(HISTORY[:60])
+    path = save_session(s, tmp_path / "s.safetensors")
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    meta = json.loads(metadata["nexus"])
+    tamper(arrays, meta)
+    mx.save_safetensors(str(path), arrays, metadata={"nexus": json.dumps(meta)})
+    with pytest.raises(FormatError, match=match):
+        load_session(model, None, path)

@@ -21,6 +21,7 @@ fresh prefill's; healing every inexact row in one pass makes the whole cache exa
   forward pass: all advance through each layer together, in position order, in chunks of
   :data:`PREFILL_CHUNK`, fresh K/V written before attention. Afterwards blocks are cut for
   ``tools`` whose span was computed exactly. Returns a :class:`Fill`.
+- ``advance(token)``: append one decoded token's row (inexact when any row before it is).
 - ``heal(max_rows)``: recompute the first ``max_rows`` (default all) inexact rows and the last
   row in one pass.
 
@@ -150,13 +151,35 @@ class CacheEditor:
         self.logits = logits[0, -1]
         mx.eval(self.logits)
 
-    def heal(self, max_rows: int | None = None) -> int:
+    def advance(self, token: int) -> mx.array:
+        """Append the row of one decoded ``token``; returns the next token's logits ``(V,)``.
+        The row is inexact when any row before it is (it attended to them). On failure the
+        cache and logits are as they were."""
+        keep, on_inexact = self.cache.n_past, bool(self._inexact.any())
+        try:
+            logits = forward(self.model, [token], self.cache, logits="last")[0, -1]
+            mx.eval(logits)
+        except BaseException:
+            self.cache.trim(min(keep, self.cache.n_past))
+            raise
+        if on_inexact:
+            flags = self.flags()
+            flags[keep:] = True
+            self.set_flags(flags)
+        self.logits = logits
+        return logits
+
+    def heal_rows(self, max_rows: int | None = None) -> np.ndarray:
+        """The rows :meth:`heal` recomputes: the first ``max_rows`` inexact rows and the last
+        row (none when no row is inexact)."""
         rows = self.inexact_rows()[:max_rows]
-        if not rows.size:
-            return 0
-        self.compute(self.cache.tokens[: self.cache.n_past],
-                     np.union1d(rows, [self.cache.n_past - 1]))
-        return int(rows.size)
+        return np.union1d(rows, [self.cache.n_past - 1]) if rows.size else rows
+
+    def heal(self, max_rows: int | None = None) -> int:
+        healed = int(self.inexact_rows()[:max_rows].size)
+        if healed:
+            self.compute(self.cache.tokens[: self.cache.n_past], self.heal_rows(max_rows))
+        return healed
 
     def _choose(self, new: np.ndarray, inexact: np.ndarray, computed: np.ndarray,
                 budget: float) -> np.ndarray:

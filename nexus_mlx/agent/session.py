@@ -177,16 +177,35 @@ class Session:
     def stale_rows(self) -> int:
         """Rows that differ from a fresh prefill's: moved or spliced and not recomputed since,
         or computed on top of such rows (see :mod:`.cache_editor`)."""
-        return int(self.editor.flags().sum())
+        with self.lock:
+            return int(self.editor.flags().sum())
 
     @property
     def tokens(self) -> np.ndarray:
         """The ids the cache encodes, in position order (a copy)."""
-        return self.cache.tokens[: self.cache.n_past].copy()
+        with self.lock:
+            return self.cache.tokens[: self.cache.n_past].copy()
 
     def reset(self) -> None:
         with self.lock:
             self.editor = CacheEditor(self.model, self.tokenizer, self.allocator)
+
+    def copy_prefix(self, source: Session, rows: int) -> None:
+        """Hold a copy of ``source``'s first ``rows`` rows (K/V, ids, stale flags; the same
+        model) in place of this session's cache: a conversation that shares them starts there
+        instead of from nothing. No logits are copied: the next step computes at least its
+        last row."""
+        if source.model is not self.model:
+            raise ArgumentError("copy_prefix needs a session of the same loaded model")
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= source.cache.n_past:
+            raise ArgumentError(f"rows must be an integer in [0, {source.cache.n_past}], got "
+                                f"{rows!r}")
+        with source.lock:
+            cache, flags = source.cache.fork(0, rows), source.editor.flags()[:rows]
+        with self.lock:
+            self.reset()
+            self.cache = cache
+            self.editor.set_flags(flags)
 
     # ---- rendering ----------------------------------------------------------------------
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
@@ -345,9 +364,8 @@ class Session:
             raise ArgumentError(f"max_rows must be an integer >= 0, got {max_rows!r}")
         with self.lock:
             extra = self.editor.state()
-            rows = np.union1d(self.editor.inexact_rows()[:max_rows], [self.cache.n_past - 1])
             try:
-                with self.cache.transaction(rows if self.cache.n_past else ()):
+                with self.cache.transaction(self.editor.heal_rows(max_rows)):
                     return self.editor.heal(max_rows)
             except BaseException:
                 self.editor.restore_state(extra)
@@ -362,17 +380,16 @@ class Session:
     # ---- generation ---------------------------------------------------------------------
     def next_token_logits(self) -> mx.array:
         """Logits ``(V,)`` of the token after the cached ones."""
-        if self.editor.logits is None:
-            raise ArgumentError("the session holds nothing yet: call step() first")
-        return self.editor.logits
+        with self.lock:
+            if self.editor.logits is None:
+                raise ArgumentError("the session holds nothing yet: call step() first")
+            return self.editor.logits
 
     def advance(self, token: int) -> mx.array:
-        """Append one token (a decoded one) to the cache; returns the next token's logits."""
+        """Append one token (a decoded one) to the cache; returns the next token's logits. A
+        token decoded over stale rows is stale too (:meth:`heal` recomputes it)."""
         with self.lock:
-            logits = forward(self.model, [token], self.cache, logits="last")[0, -1]
-            mx.eval(logits)
-            self.editor.logits = logits
-            return logits
+            return self.editor.advance(token)
 
     def generate(
         self,

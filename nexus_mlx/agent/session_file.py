@@ -13,6 +13,7 @@ difference). A loaded session continues exactly where the saved one stopped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,11 +26,13 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.agent.session import Session
-from nexus_mlx.errors import FormatError, ModelMismatchError
+from nexus_mlx.errors import ArgumentError, FormatError, ModelMismatchError
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import make_cache
 
 FORMAT = "nexus-mlx-session"
+SETTINGS = frozenset({"policy", "budget", "allocator", "min_reuse"})  # saved with the session
 VERSION = 2  # 2: per-row stale flags
 
 
@@ -66,18 +69,29 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
             arrays[f"k.{layer}"] = cache.keys(layer)
             arrays[f"v.{layer}"] = cache.values(layer)
         meta = {"format": FORMAT, "version": VERSION, "n_past": n, **_identity(session),
-                "settings": {"policy": session.policy, "budget": session.budget,
-                             "allocator": session.allocator, "min_reuse": session.min_reuse}}
+                "settings": {name: getattr(session, name) for name in sorted(SETTINGS)}}
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".partial.safetensors",
                                    dir=target.parent)
         os.close(fd)
         try:
             mx.save_safetensors(tmp, arrays, metadata={"nexus": json.dumps(meta)})
+            _sync(tmp)  # on disk before it takes the name: a crash leaves the old file or the new
             os.replace(tmp, target)
+            with contextlib.suppress(OSError):  # the rename made durable, where a directory
+                _sync(target.parent)             # can be opened and synced
         finally:
             Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def _sync(path: str | Path) -> None:
+    """fsync a file (or a directory, on platforms that open one)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
@@ -114,9 +128,9 @@ def _check_arrays(path: Path, arrays: dict[str, mx.array], meta: dict[str, Any],
             if got is None or tuple(got.shape) != shape or got.dtype != cache.dtype:
                 raise FormatError(f"{path}: field {kind}.{layer} is missing or not {shape} "
                                   f"{cache.dtype}")
-    logits = arrays.get("next_logits")
-    if n and (logits is None or logits.ndim != 1):
-        raise FormatError(f"{path}: field next_logits is missing")
+    logits, vocab = arrays.get("next_logits"), model_plan(expected.model).vocab_size
+    if n and (logits is None or tuple(logits.shape) != (vocab,)):
+        raise FormatError(f"{path}: field next_logits is missing or not ({vocab},)")
 
 
 def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str]) -> Session:
@@ -126,7 +140,13 @@ def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str])
     settings = meta.get("settings")
     if not isinstance(settings, dict):
         raise FormatError(f"{source}: field settings is missing")
-    session = Session(model, tokenizer, **settings)
+    unknown = sorted(set(settings) - SETTINGS)
+    if unknown:
+        raise FormatError(f"{source}: field settings has unknown keys {unknown}")
+    try:
+        session = Session(model, tokenizer, **settings)
+    except ArgumentError as exc:
+        raise FormatError(f"{source}: field settings is invalid: {exc}") from None
     mine = _identity(session)
     differ = [f"{key}: file {meta.get(key)!r} != here {mine[key]!r}" for key in mine
               if meta.get(key) != mine[key]]
