@@ -44,6 +44,12 @@ def test_sidecar_prunes_payloads_and_keeps_references():
     assert 'create_repository({"name": "demo", "private": true})' in short[0]["content"]
     roles = [m["role"] for m in short]
     assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    # the same call as an OpenAI client (or the agent loop) sends it: arguments as JSON text
+    openai_form = [dict(m) for m in CONVERSATION]
+    openai_form[2] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {
+            "name": "create_repository", "arguments": '{"name": "demo", "private": true}'}}]}
+    assert sidecar_messages(openai_form, window=2) == short
 
 
 @pytest.mark.parametrize("messages", [[], [{"role": "assistant", "content": "hi"}]])

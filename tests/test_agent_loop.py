@@ -15,6 +15,7 @@ from nexus_mlx.agent.loop import (
     openai_tool,
     pruned,
     run_agent,
+    server_for,
 )
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
@@ -45,6 +46,27 @@ def test_unknown_tools_and_missing_servers_become_error_results():
     assert openai_tool(registry.get("time.now"))["function"]["name"] == "time.now"
 
 
+def test_a_tool_is_owned_by_its_namespace_even_when_its_name_has_dots():
+    registry = ToolRegistry([Tool("files.read", "read a file", {"type": "object", "properties": {}}),
+                             Tool("now", "the time", {"type": "object", "properties": {}},
+                                  server="time")])
+    plain, timed = object(), object()  # the registry decides the owner; nothing is called
+    servers = {"": plain, "time": timed}
+    assert server_for(servers, registry, "files.read") is plain
+    assert server_for(servers, registry, "time.now") is timed
+    assert server_for(servers, registry, "time.later") is None  # not a registry tool
+    assert server_for({"time": timed}, registry, "files.read") is None
+
+
+def test_a_call_cut_at_max_tokens_is_not_reported_as_the_answer(default_model, time_server):
+    model, tokenizer = default_model
+    registry, servers = time_server
+    run = run_agent(Session(model, tokenizer), [], "What is the current time in UTC?", registry,
+                    servers, tool_choice="required", max_steps=1, max_tokens=3)
+    assert not run.executions and run.replies[-1].finish_reason == "length"
+    assert run.finish in ("length", "call_error"), run.finish
+
+
 def test_empty_requests_are_refused(default_model):
     model, tokenizer = default_model
     with pytest.raises(ArgumentError, match="empty"):
@@ -52,6 +74,9 @@ def test_empty_requests_are_refused(default_model):
     for bad in ("", "   ", 3):
         with pytest.raises(ArgumentError, match="answer_prompt"):
             run_agent(Session(model, tokenizer), [], "q", ToolRegistry(), {}, answer_prompt=bad)
+    for bad in (0, -1, float("nan"), True, "5"):
+        with pytest.raises(ArgumentError, match="call_timeout"):
+            run_agent(Session(model, tokenizer), [], "q", ToolRegistry(), {}, call_timeout=bad)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,11 @@ request to ``history`` and repeats, at most ``max_steps`` times: choose the tool
 session generate (tool calls in the model's own format, constrained; ``tool_choice`` on the first
 step, ``"auto"`` after), execute each call on the server that owns the tool and append the
 assistant call and the tool results as OpenAI-style messages. It stops when a reply has no
-calls. Two replies are asked again (``AgentRun.regenerated`` lists each retry): one that writes
-a new call to an offered tool as JSON in its prose instead of in the call format (small models
-do) is regenerated with that tool forced (``tool_choice`` naming it, or ``"required"`` for
+calls: ``finish`` is ``"answer"``, or ``"call_error"`` when the reply wrote a call that did not
+parse (``replies[-1].call_errors`` says why), or ``"length"`` when it was cut at ``max_tokens``
+(``"step_limit"``: the steps ran out). Two replies are asked again (``AgentRun.regenerated``
+lists each retry): one that writes a new call to an offered tool as JSON in its prose instead of
+in the call format (small models do) is regenerated with that tool forced (``tool_choice`` naming it, or ``"required"`` for
 several), so the call is made and schema-valid; one that only repeats calls already executed, in
 the format or as text, is asked again for the answer, with ``tool_choice "none"`` and a first
 token that must begin words (:func:`~nexus_mlx.decode.call_format.prose_answer`). A step that
@@ -44,7 +46,7 @@ from nexus_mlx.agent.sidecar import surrogate
 from nexus_mlx.decode.call_format import ParsedCall, intended_calls, prose_answer
 from nexus_mlx.errors import ArgumentError, NexusError
 from nexus_mlx.tools.registry import ToolRegistry
-from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool
+from nexus_mlx.tools.tool import Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
@@ -64,7 +66,7 @@ class Execution:
 class AgentRun:
     answer: str
     messages: list[dict[str, Any]]  # the conversation, tool turns included (unpruned)
-    finish: str  # "answer" or "step_limit"
+    finish: str  # "answer", "step_limit", "length" or "call_error" (see the module docstring)
     steps: list[StepReport] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
@@ -78,17 +80,20 @@ def openai_tool(tool: Tool) -> dict[str, Any]:
                                              "parameters": dict(tool.input_schema)}}
 
 
-def server_for(servers: Mapping[str, McpServer], name: str) -> McpServer | None:
-    """The server owning ``namespace.tool`` (or the unnamespaced server for a plain name)."""
-    namespace = name.split(NAMESPACE_SEP, 1)[0] if NAMESPACE_SEP in name else ""
-    return servers.get(namespace)
+def server_for(servers: Mapping[str, McpServer], registry: ToolRegistry, name: str
+               ) -> McpServer | None:
+    """The running server owning the registry's tool ``name`` (keyed by the tool's namespace,
+    ``""`` for none; a plain name may hold dots), or None."""
+    if name not in registry.names():
+        return None
+    return servers.get(registry.get(name).server or "")
 
 
 def execute_call(call: ParsedCall, registry: ToolRegistry, servers: Mapping[str, McpServer],
                  timeout: float | None = None) -> Execution:
     """Run one call; every failure becomes an ``error: ...`` output instead of an exception."""
     start = time.perf_counter()
-    server = server_for(servers, call.name)
+    server = server_for(servers, registry, call.name)
     if call.name not in registry.names() or server is None:
         known = "" if server is not None else f"; no running server owns it ({sorted(servers)})"
         return Execution(call.name, call.arguments, False,
@@ -141,6 +146,11 @@ def run_agent(
                             f"{answer_prompt!r}")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ArgumentError(f"max_steps must be a positive integer, got {max_steps!r}")
+    if call_timeout is not None and (isinstance(call_timeout, bool)
+                                     or not isinstance(call_timeout, (int, float))
+                                     or not call_timeout > 0):
+        raise ArgumentError(f"call_timeout must be a positive number of seconds or None, got "
+                            f"{call_timeout!r}")
     names = list(select_tools(request)) if select_tools is not None else registry.names()
     tools = [openai_tool(registry.get(n)) for n in names]
     messages: list[dict[str, Any]] = [dict(m) for m in history]
@@ -173,7 +183,7 @@ def run_agent(
         done_calls.update(_key(c) for c in reply.tool_calls)
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.content})
-            run.answer, run.finish = reply.content, "answer"
+            run.answer, run.finish = reply.content, _finish_without_calls(reply)
             return run
         ids = [f"call_{len(run.executions) + i}" for i in range(len(reply.tool_calls))]
         messages.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
@@ -199,6 +209,14 @@ def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], regist
                                        for c in calls])
         session.heal()
         return pending.result()
+
+
+def _finish_without_calls(reply: Reply) -> str:
+    """Why a step without calls ends the run: a call that did not parse, a reply cut at
+    ``max_tokens``, or the answer."""
+    if reply.call_errors:
+        return "call_error"
+    return "length" if reply.finish_reason == "length" else "answer"
 
 
 def _forced_choice(names: Sequence[str]) -> str | dict[str, Any]:

@@ -136,7 +136,7 @@ class Agent:
 
     def server_for(self, name: str) -> McpServer:
         """The live server owning tool ``name`` (``namespace.tool`` or a plain name)."""
-        server = server_for(self.servers, name)
+        server = server_for(self.servers, self.registry, name)
         if server is None:
             raise ToolError(f"no running MCP server owns tool {name!r}; servers: {sorted(self.servers)}")
         return server

@@ -7,7 +7,8 @@ needs splice repair): the last ``window`` messages verbatim, except that bulky t
 naming the tool and keeping the payload's head; system messages are dropped (the tool-call
 prompt brings its own). Older turns fall out of the window, but a one-line digest of the
 earlier tool calls' arguments is kept so cross-turn references ("open a pull request *there*")
-still resolve. The last message must be the user's request.
+still resolve. Calls may come flat (``{"name", "arguments"}``) or in the OpenAI form
+(``{"function": {"name", "arguments": "<JSON>"}}``). The last message must be the user's request.
 
 It only rewrites message lists: no tokenizer, model or cache.
 """
@@ -18,6 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nexus_mlx.decode.call_format import normalized_messages
 from nexus_mlx.errors import ArgumentError
 
 Message = Mapping[str, Any]
@@ -32,11 +34,13 @@ def surrogate(message: Message, payload_chars: int) -> str:
 
 
 def _call_digest(messages: Sequence[Message]) -> str | None:
+    """One line naming the calls of ``messages`` (normalized: OpenAI form) with arguments."""
     calls = []
     for m in messages:
         for call in m.get("tool_calls") or ():
-            args = json.dumps(call.get("arguments", {}), ensure_ascii=False, sort_keys=True)
-            calls.append(f"{call.get('name')}({args})")
+            fn = call["function"]
+            args = json.dumps(fn["arguments"], ensure_ascii=False, sort_keys=True)
+            calls.append(f"{fn['name']}({args})")
     return "Earlier tool calls: " + "; ".join(calls[-6:]) if calls else None
 
 
@@ -58,7 +62,7 @@ def sidecar_messages(
     """The pruned sliding window described in the module docstring."""
     if window < 1 or payload_chars < 16:
         raise ArgumentError(f"need window >= 1 and payload_chars >= 16, got {window}, {payload_chars}")
-    turns = [m for m in messages if m.get("role") != "system"]
+    turns = [m for m in normalized_messages(messages) if m["role"] != "system"]
     if not turns or turns[-1].get("role") != "user":
         raise ArgumentError("the last message must be the user's request")
     recent, older = turns[-window:], turns[:-window]
