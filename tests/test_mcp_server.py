@@ -26,6 +26,7 @@ from nexus_mlx.errors import ServerError, ToolError
 STUB = textwrap.dedent(
     """
     import os, time
+    from mcp import types
     from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("stub")
@@ -40,6 +41,21 @@ STUB = textwrap.dedent(
     def die() -> str:
         \"\"\"Exit the server process at once.\"\"\"
         os._exit(3)
+
+    @server.tool()
+    def media() -> types.CallToolResult:
+        \"\"\"Answer with an image, a binary resource and a link: no text.\"\"\"
+        return types.CallToolResult(content=[
+            types.ImageContent(type="image", data="AAAA", mime_type="image/png"),
+            types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
+                uri="file:///tmp/a.bin", mime_type="application/octet-stream", blob="AAAA")),
+            types.ResourceLink(type="resource_link", name="log", uri="file:///tmp/log.txt",
+                               mime_type="text/plain")])
+
+    @server.tool()
+    def counted() -> types.CallToolResult:
+        \"\"\"Answer with structured data only.\"\"\"
+        return types.CallToolResult(content=[], structured_content={"count": 3})
 
     server.run()
     """
@@ -204,6 +220,15 @@ def test_call_timeout_then_recovery(stub_server: McpServer) -> None:
     assert stub_server.call_tool("sleep", {"seconds": 0}).text == "slept 0.0"
 
 
+def test_results_without_text_say_what_they_hold(stub_server: McpServer) -> None:
+    media = stub_server.call_tool("media")
+    assert media.text.splitlines() == ["[image image/png]",
+                                       "[resource file:///tmp/a.bin application/octet-stream]",
+                                       "[resource_link file:///tmp/log.txt text/plain]"]
+    counted = stub_server.call_tool("counted")
+    assert counted.structured == {"count": 3} and json.loads(counted.text) == {"count": 3}
+
+
 def test_server_dies_mid_call(stub_path: Path) -> None:
     before = children()
     server = McpServer(stub_spec(stub_path, call_timeout=10)).start()
@@ -245,6 +270,6 @@ def test_async_server_and_registry_loader(stub_path: Path) -> None:
 
     before = children()
     names, text = asyncio.run(main())
-    assert names == ["stub.sleep", "stub.die"] and text == "slept 0.0"
+    assert names == ["stub.sleep", "stub.die", "stub.media", "stub.counted"] and text == "slept 0.0"
     assert list_server_tools(stub_spec(stub_path)).names() == names
     assert children() <= before

@@ -9,6 +9,7 @@ import pytest
 from cache_oracle import max_diff
 from tiny_models import tiny_model
 
+import nexus_mlx.agent.tool_blocks as tool_blocks_module
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
@@ -59,6 +60,18 @@ def test_every_tool_span_sits_inside_the_rendered_request(default_model, blocks)
         assert bytes(np.asarray(span, np.int32)) in text
     assert blocks.key(TOOLS[0]) != blocks.key(TOOLS[1])
     assert blocks.key(TOOLS[0]) == blocks.key(dict(TOOLS[0]))
+
+
+def test_remembered_spans_stay_bounded_when_tools_change_per_request(default_model,
+                                                                      monkeypatch):
+    model, tokenizer = default_model
+    fresh = ToolBlocks(model, Session(model, tokenizer).render, template_digest(tokenizer))
+    monkeypatch.setattr(tool_blocks_module, "MAX_SPANS", 2)
+    first = fresh.span(TOOLS[0])
+    for tool in TOOLS:
+        fresh.span(tool)
+    assert len(fresh._spans) == 2 and fresh.key(TOOLS[0]) not in fresh._spans
+    assert fresh.span(TOOLS[0]) == first  # forgotten, rendered again the same
 
 
 def test_blocks_harvested_in_one_session_are_spliced_into_another(default_model, blocks):

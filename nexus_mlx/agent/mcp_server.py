@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import math
 import os
 import sys
@@ -124,7 +125,8 @@ class ServerSpec:
 class McpCallResult:
     """A ``tools/call`` result: its text blocks joined by newlines, the error flag, structured data.
 
-    Non-text blocks appear in ``text`` as ``[image image/png]``-style placeholders.
+    Non-text blocks appear in ``text`` as ``[image image/png]``-style placeholders (with the URI
+    of a resource); a result with structured data and no text shows that data as JSON.
     """
 
     text: str
@@ -151,22 +153,26 @@ def _tool_from_mcp(tool: types.Tool, namespace: str | None) -> Tool:
 
 
 def _block_text(block: Any) -> str:
+    """A content block as text: its text (an embedded resource's too), else a placeholder naming
+    its type, URI and MIME type, e.g. ``[resource file:///a.png image/png]``."""
     if isinstance(block, types.TextContent):
         return block.text
-    text = (
-        getattr(block.resource, "text", None) if isinstance(block, types.EmbeddedResource) else None
-    )
+    resource = block.resource if isinstance(block, types.EmbeddedResource) else None
+    text = getattr(resource, "text", None)
     if isinstance(text, str):
         return text
-    mime = getattr(block, "mime_type", None) or getattr(block, "uri", None) or ""
-    return f"[{block.type} {mime}]".replace(" ]", "]")
+    source = resource if resource is not None else block
+    labels = [str(v) for v in (getattr(source, "uri", None), getattr(source, "mime_type", None))
+              if v]
+    return "[" + " ".join([str(block.type), *labels]) + "]"
 
 
 def _result(result: types.CallToolResult) -> McpCallResult:
     text = "\n".join(_block_text(b) for b in result.content)
-    return McpCallResult(
-        text=text, is_error=bool(result.is_error), structured=result.structured_content
-    )
+    structured = result.structured_content
+    if not text.strip() and structured is not None:  # structured data alone: show it as JSON
+        text = json.dumps(structured, ensure_ascii=False)
+    return McpCallResult(text=text, is_error=bool(result.is_error), structured=structured)
 
 
 class AsyncMcpServer:

@@ -23,7 +23,8 @@ only).
 - ``occurrences(ids, tools, allowed)``: where blocks of ``tools`` occur in ``ids`` on allowed
   rows, non-overlapping, in position order: each ``(start, block)``.
 
-Blocks keep the cache's dtype and are evicted least recently used beyond ``max_bytes``. They are
+Blocks keep the cache's dtype and are evicted least recently used beyond ``max_bytes``; the
+rendered spans, beyond :data:`MAX_SPANS` tools. They are
 valid only for this model (checked when built: a session with another model is refused). It
 neither splices nor repairs; the session writes a block's rows re-anchored to where its span
 occurs and treats them as stale (computed after another context).
@@ -54,6 +55,7 @@ SENTINEL = {"type": "function", "function": {
     "name": "nexus_sentinel", "description": "A placeholder tool that is never called.",
     "parameters": {"type": "object", "properties": {}}}}
 MIN_SPAN = 8  # shorter spans are not worth a block
+MAX_SPANS = 1024  # rendered spans remembered (least recently used forgotten first)
 SOURCES = ("harvest", "compile")
 
 
@@ -82,7 +84,7 @@ class ToolBlocks:
         self.source = source
         self._salt = model_fingerprint(model).weights_digest + hashlib.sha256(
             template.encode()).hexdigest()
-        self._spans: dict[str, tuple[int, ...] | None] = {}
+        self._spans: OrderedDict[str, tuple[int, ...] | None] = OrderedDict()
         self._blocks: OrderedDict[str, CompiledBlock] = OrderedDict()
         self._lock = threading.RLock()
 
@@ -95,6 +97,9 @@ class ToolBlocks:
         with self._lock:
             if key not in self._spans:
                 self._spans[key] = self._rendered_span(tool)[0]
+                if len(self._spans) > MAX_SPANS:  # tools that change per request: stay bounded
+                    self._spans.popitem(last=False)
+            self._spans.move_to_end(key)
             return self._spans[key]
 
     def _rendered_span(self, tool: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, list[int]]:
