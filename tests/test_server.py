@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -37,8 +38,11 @@ from nexus_mlx.agent.session import Session  # noqa: E402
 from nexus_mlx.cli.main import main  # noqa: E402
 from nexus_mlx.decode.call_format import parse_tool_calls  # noqa: E402
 from nexus_mlx.models.build import model_classes  # noqa: E402
+from nexus_mlx.models.forward import forward, make_cache  # noqa: E402
 from nexus_mlx.server import Server, serve  # noqa: E402
+from nexus_mlx.server import responses as R  # noqa: E402
 from nexus_mlx.server.pool import SessionPool, reuse_of  # noqa: E402
+from nexus_mlx.server.protocol import ApiError, parse_chat_request  # noqa: E402
 from nexus_mlx.server.stream import ReplyAssembler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +257,6 @@ def test_healing_after_a_reply_leaves_the_next_request_an_exact_cache(tiny):
     # the reply, so the follow-up starts from a cache equal to a fresh prefill, and its reply is
     # the one an exact server gives.
     from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
-    from nexus_mlx.models.forward import forward, make_cache
 
     model, _ = tiny
     long_turn = " ".join(f"Fact {i}: the valve {i} opens at {3 * i} bar." for i in range(12))
@@ -353,11 +356,29 @@ def test_required_none_and_auto_tool_choices(tiny_server):
         reply = c.chat.completions.create(**ask, tool_choice=choice, max_tokens=4)
         assert reply.usage.prompt_tokens > bare.usage.prompt_tokens, "the tools are in the prompt"
         message, finish = reply.choices[0].message, reply.choices[0].finish_reason
+        assert (finish == "tool_calls") == bool(message.tool_calls), "finish says what was sent"
         if choice == "none" or finish != "tool_calls":
             assert message.tool_calls is None and isinstance(message.content, str)
         else:  # "auto" and the model chose to call: the call is well formed
             for name, arguments in calls_of(message):
                 jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+
+
+def test_harmless_newer_fields_are_accepted_and_stream_chunks_carry_a_null_usage():
+    body = {"model": "tiny", "messages": USER, "safety_identifier": "u-1",
+            "prompt_cache_key": "agent-7", "prompt_cache_retention": "24h"}
+    assert not isinstance(parse_chat_request(body), ApiError)
+    assert R.chunk_body("c", 0, "tiny", {}, with_usage=True)["usage"] is None
+    assert "usage" not in R.chunk_body("c", 0, "tiny", {})
+
+
+def test_the_finish_reason_says_whether_the_reply_sent_carries_calls():
+    # the session's parser may read a call (a bare JSON one) that the reply sent does not carry,
+    # or reject one it does: the client's finish_reason follows what it receives
+    for session_finish, called, want in [("tool_calls", False, "stop"), ("stop", True, "tool_calls"),
+                                         ("tool_calls", True, "tool_calls"), ("stop", False, "stop"),
+                                         ("stop_string", False, "stop"), ("length", True, "length")]:
+        assert R.finish_reason(SimpleNamespace(finish_reason=session_finish), called) == want
 
 
 def test_a_json_object_reply_is_one_object(tiny_server):
@@ -374,6 +395,7 @@ USER = [{"role": "user", "content": "hi"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 BAD_REQUESTS = [  # (name, body, status, param, code)
     ("json", b"{not json", 400, None, None),
+    ("deep-json", b"[" * 100_000 + b"]" * 100_000, 400, None, None),
     ("not-an-object", [1, 2], 400, None, None),
     ("no-model", {"messages": USER}, 400, "model", "missing_required_parameter"),
     ("unknown-model", {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
@@ -388,6 +410,10 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
     ("arguments-not-json", {"model": "tiny", "messages": [
         *USER, {"role": "assistant", "tool_calls": [
             {**CALL, "function": {"name": "get_time", "arguments": "{oops"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "x"}]}, 400, "messages", None),
+    ("deep-arguments", {"model": "tiny", "messages": [
+        *USER, {"role": "assistant", "tool_calls": [
+            {**CALL, "function": {"name": "get_time", "arguments": "[" * 50_000 + "]" * 50_000}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "x"}]}, 400, "messages", None),
     ("orphan-tool-result", {"model": "tiny", "messages": [
         *USER, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, 400, "messages",
@@ -456,6 +482,9 @@ def test_the_server_is_healthy_after_bad_requests(tiny_server):
         http(tiny_server, "/v1/chat/completions", None if isinstance(body, bytes) else body,
              raw=body if isinstance(body, bytes) else None)
     assert http(tiny_server, "/v1/chat/completions", method="GET")[0] == 405
+    with pytest.raises(urllib.error.HTTPError) as wrong_method:
+        urllib.request.urlopen(tiny_server.url + "/v1/chat/completions", timeout=30)
+    assert wrong_method.value.headers["Allow"] == "POST"
     assert http(tiny_server, "/nowhere")[0] == 404
     with pytest.raises(openai.BadRequestError) as info:  # the SDK sees the error body too
         client(tiny_server).chat.completions.create(model="tiny", messages=[], max_tokens=1)
@@ -554,12 +583,51 @@ def test_the_pool_reuses_the_longest_prefix_and_keeps_to_its_budget(tiny):
     second = serve_ids(b)  # unrelated: a new session rather than overwriting the first
     assert second != first
     assert serve_ids(np.r_[a[:30], b]) == first  # the longest common prefix wins
-    assert reuse_of(a, np.r_[a, b], repair=True, min_reuse=8) == (40, 0)
-    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=True, min_reuse=8) == (50, 30)
-    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=False, min_reuse=8) == (10, 70)
+    assert reuse_of(a, np.r_[a, b], repair=True, min_reuse=8) == (40, 0, 40)
+    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=True, min_reuse=8) == (50, 30, 10)
+    assert reuse_of(np.r_[a, b], np.r_[a[:10], b], repair=False, min_reuse=8) == (10, 70, 10)
     pool.cache_budget = 1  # every idle cache is over it: all dropped, least recently used first
     serve_ids(a)
     assert pool.stats()["sessions"] == 0 and pool.evicted == 2
+
+
+def test_conversations_sharing_a_prefix_get_their_own_sessions_seeded_with_it(tiny):
+    model, tokenizer = tiny
+    rng = np.random.default_rng(1)
+    shared, a, b, c = (rng.integers(10, 40000, n) for n in (80, 30, 20, 25))
+    pool = SessionPool(lambda: Session(model, tokenizer, min_reuse=16), max_sessions=3,
+                       cache_budget=1 << 30)
+
+    def serve_ids(ids: np.ndarray, reply: tuple[int, ...] = ()) -> tuple[int, Any]:
+        entry = pool.acquire(ids)
+        assert entry is not None
+        report = entry.session.step_ids(ids)
+        for token in reply:  # the reply's rows stay in the cache, as after a generation
+            entry.session.advance(token)
+        pool.release(entry)
+        return entry.id, report
+
+    first, _ = serve_ids(np.r_[shared, a], reply=(5, 6, 7))
+    second, report = serve_ids(np.r_[shared, b])  # another agent with the same system prompt
+    assert second != first and (report.reused, report.computed) == (80, 20), "seeded, not recomputed"
+    fresh = forward(model, np.r_[shared, b], make_cache(model), logits="last")[0, -1]
+    entry = next(e for e in pool.entries if e.id == second)
+    assert float(mx.max(mx.abs(entry.session.next_token_logits() - fresh))) <= 1e-4
+    # the first conversation goes on, its reply sent back re-rendered (rows 112.. differ): its own
+    # session serves it, though there is room for another
+    assert serve_ids(np.r_[shared, a, 5, 6, 9, c])[0] == first
+    assert serve_ids(np.r_[shared, b, c])[0] == second
+    # an edit of a conversation (a message deleted) is repaired in its own session
+    assert serve_ids(np.r_[shared, a[:5], a[25:], 5, 6, 9, c])[0] == first
+    third, _ = serve_ids(rng.integers(10, 40000, 30))  # unrelated: the last free place
+    # no room: the least recently used session is overwritten, the ones served since stay
+    assert serve_ids(rng.integers(10, 40000, 30))[0] == second
+    assert sorted(e.id for e in pool.entries) == sorted([first, second, third])
+    # no room, a shared prefix: the least recently used one serves, seeded from the first
+    assert serve_ids(np.r_[shared, a[:5], a[25:], 5, 6, 9, c, 1])[0] == first
+    served, report = serve_ids(np.r_[shared, rng.integers(10, 40000, 10)])
+    assert served == third and (report.reused, report.computed) == (80, 10)
+    assert serve_ids(np.r_[shared, a[:5], a[25:], 5, 6, 9, c, 1, 2])[0] == first  # kept its own
 
 
 def test_the_assembler_reads_text_as_the_session_parser_does():

@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -50,12 +50,14 @@ DISCONNECT_POLL_S = 0.25
 _END = object()  # the stream queue's end marker
 
 
-def _error(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def _error(err: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def _internal(exc: BaseException) -> ApiError:
     if isinstance(exc, (NexusError, ValueError)):  # a request the checks let through
+        if not isinstance(exc, NexusError):  # a ValueError may be our bug: leave a trace
+            log.warning("answered 400 for a ValueError", exc_info=exc)
         return ApiError(400, str(exc))
     log.exception("generation failed", exc_info=exc)
     return ApiError(500, f"the server failed while generating: {type(exc).__name__}: {exc}",
@@ -72,7 +74,7 @@ class ChatHandler:
         arrived = time.perf_counter()
         try:
             body = json.loads(await request.body())
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # too deeply nested: RecursionError
             return _error(ApiError(400, f"the request body is not valid JSON: {exc}"))
         parsed = parse_chat_request(body)
         if isinstance(parsed, ApiError):
@@ -140,7 +142,8 @@ class ChatHandler:
         assembler = ReplyAssembler(calls=r.calls_allowed, stop=r.stop)
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, str]:
-            return {"data": json.dumps(R.chunk_body(cid, created, r.model, delta, finish))}
+            return {"data": json.dumps(R.chunk_body(cid, created, r.model, delta, finish,
+                                                    with_usage=r.include_usage))}
 
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -159,7 +162,7 @@ class ChatHandler:
                 return
             for delta in assembler.finish(done.reply.text):
                 yield chunk(delta)
-            yield chunk({}, R.finish_reason(done.reply))
+            yield chunk({}, R.finish_reason(done.reply, bool(assembler.tool_calls)))
             if r.include_usage:
                 yield {"data": json.dumps(R.usage_chunk(cid, created, r.model, done))}
             yield {"data": "[DONE]"}
@@ -196,7 +199,8 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Sta
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-        return _error(ApiError(status, f"{request.method} {request.url.path}: {detail}"))
+        headers = exc.headers if isinstance(exc, HTTPException) else None  # 405: Allow
+        return _error(ApiError(status, f"{request.method} {request.url.path}: {detail}"), headers)
 
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),

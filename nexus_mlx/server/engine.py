@@ -86,8 +86,8 @@ class Engine:
             self.blocks = run_on_mlx_thread(lambda: ToolBlocks(
                 model, self._renderer.render, template_digest(tokenizer), source="compile"))
         self.context = self._renderer.max_positions
-        self.pool = SessionPool(lambda: run_on_mlx_thread(self._new_session),
-                                max_sessions=max_sessions, cache_budget=cache_budget)
+        self.pool = SessionPool(self._new_session, max_sessions=max_sessions,
+                                cache_budget=cache_budget, run=run_on_mlx_thread)
         self._lock = threading.Lock()
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0

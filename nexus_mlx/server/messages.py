@@ -74,7 +74,7 @@ def _arguments(value: Any, where: str) -> str:
         return "{}"
     try:
         parsed = json.loads(value)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # too deeply nested: RecursionError
         raise ArgumentError(f"{where} is not JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise ArgumentError(f"{where} must encode a JSON object, got {type(parsed).__name__}")

@@ -7,18 +7,28 @@ session is its own lock), ``release(entry)`` records what its cache now holds an
 Choice (clients resend the whole conversation, so the conversation is recognised by its tokens):
 for every idle session the pool counts the rows a step to ``ids`` would keep — the common prefix,
 plus the reused block when the session repairs edits (the same plan the session makes,
-:func:`~nexus_mlx.agent.alignment.plan_edit`) — and the rows it would drop. The session keeping
-the most wins (ties: the most recently used), unless it would drop more than it keeps while a
-new session may still be made (fewer than ``max_sessions``): then a new, empty one serves, so an
-unrelated conversation does not overwrite a cached one. When every session is busy and none may
-be made, ``acquire`` waits (checking ``cancelled`` every tenth of a second; None when it fires).
+:func:`~nexus_mlx.agent.alignment.plan_edit`) — and the rows it would drop. The session whose
+kept rows exceed its dropped ones by the most wins (then the one keeping the most; then the least
+recently used). It serves the request itself when the request goes on with its conversation: it
+drops nothing, or only rows of the reply to the last request (clients send it back
+re-rendered), or it edits the conversation (a reused block past the prefix, dropping no more
+than it keeps). Otherwise the request departs inside that conversation's last prompt without
+reusing a block — another conversation sharing a prefix (agents share a system prompt and
+tools), or a branch of it: a new session serves (or, with ``max_sessions`` reached, the least
+recently used idle one is overwritten), seeded with a copy of the common prefix
+(:meth:`~nexus_mlx.agent.session.Session.copy_prefix`), so the shared rows are not recomputed
+and the other conversation keeps its cache. The copy's source is held busy while it is made. A
+request that goes on with a busy session's conversation waits for it rather than taking another
+session; when every session is busy and none may be made, ``acquire`` waits too (checking
+``cancelled`` every tenth of a second; None when it fires).
 
 Budget: after each release the bytes of all caches (:attr:`NexusCache.nbytes`) are summed and
 idle sessions are dropped, least recently used first, until the total fits ``cache_budget`` (a
 session larger than the budget alone is dropped too). Busy sessions are never dropped.
 
-It knows nothing about HTTP, requests or generation; ``factory`` builds sessions (on the MLX
-thread, the caller's concern).
+It knows nothing about HTTP, requests or generation; ``factory`` builds sessions and ``run(fn)``
+runs that MLX work (building, seeding) where the caller's MLX work runs (a server: its MLX
+thread; default: in the calling thread).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,29 +57,60 @@ class PooledSession:
     last_used: int = 0
     busy: bool = False
     requests: int = 0
+    prompt: int = 0  # length of the last request served; its reply's rows follow
 
 
-def reuse_of(tokens: np.ndarray, ids: np.ndarray, *, repair: bool, min_reuse: int
-             ) -> tuple[int, int]:
-    """(rows kept, rows dropped) when a session holding ``tokens`` steps to ``ids``."""
+class Reuse(NamedTuple):
+    kept: int  # rows a step keeps: the common prefix and any reused block
+    dropped: int  # rows it drops
+    prefix: int  # the common prefix alone
+
+
+def reuse_of(tokens: np.ndarray, ids: np.ndarray, *, repair: bool, min_reuse: int) -> Reuse:
+    """What a session holding ``tokens`` keeps and drops when it steps to ``ids``."""
     prefix = common_prefix(tokens, ids)
     if prefix == tokens.size or not repair:
-        return prefix, int(tokens.size - prefix)
+        return Reuse(prefix, int(tokens.size - prefix), prefix)
     plan = plan_edit(tokens, ids, min_reuse)
     kept = plan.prefix + plan.reused
-    return kept, int(tokens.size - kept)
+    return Reuse(kept, int(tokens.size - kept), prefix)
+
+
+def _key(entry: PooledSession, reuse: Reuse) -> tuple[int, int, bool, int]:
+    """Rows saved less rows destroyed; then the most kept; an empty one (drops nothing); then
+    the least recently used."""
+    return (reuse.kept - reuse.dropped, reuse.kept, entry.tokens.size == 0, -entry.last_used)
+
+
+def _continues(entry: PooledSession, reuse: Reuse) -> bool:
+    """Whether the request goes on with ``entry``'s conversation: it drops nothing, or only rows
+    of the reply to the last request (clients send it back re-rendered), or it edits the
+    conversation (a reused block past the prefix, dropping no more than it keeps)."""
+    follows = reuse.prefix >= entry.prompt
+    edit = reuse.kept > reuse.prefix and reuse.dropped <= reuse.kept
+    return reuse.dropped == 0 or follows or edit
+
+
+@dataclass(frozen=True)
+class _Plan:
+    target: PooledSession | None  # the session that serves (None: a new one)
+    source: PooledSession | None = None  # whose first ``rows`` rows it copies first
+    rows: int = 0
 
 
 class SessionPool:
     """See the module docstring."""
 
     def __init__(self, factory: Callable[[], Session], *, max_sessions: int = 8,
-                 cache_budget: int = 2 << 30) -> None:
+                 cache_budget: int = 2 << 30,
+                 run: Callable[[Callable[[], Session]], Session] = lambda build: build()
+                 ) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ArgumentError(f"max_sessions must be a positive integer, got {max_sessions!r}")
         if isinstance(cache_budget, bool) or not isinstance(cache_budget, int) or cache_budget < 0:
             raise ArgumentError(f"cache_budget must be a byte count >= 0, got {cache_budget!r}")
         self.factory, self.max_sessions, self.cache_budget = factory, max_sessions, cache_budget
+        self.run = run  # runs the MLX work of building (and seeding) a session
         self.entries: list[PooledSession] = []
         self.evicted = 0
         self._reserved = 0  # sessions being built outside the lock
@@ -78,53 +119,79 @@ class SessionPool:
         self._cond = threading.Condition()
 
     # ---- choosing -----------------------------------------------------------------------
-    def _choose(self, ids: np.ndarray) -> PooledSession | None | bool:
-        """An idle entry, True for "make a new one", or None for "wait"."""
-        best, best_key = None, None
-        for entry in self.entries:
-            if entry.busy:
-                continue
-            s = entry.session
-            kept, dropped = reuse_of(entry.tokens, ids, repair=s.policy == "repair",
-                                     min_reuse=s.min_reuse)
-            key = (kept, entry.tokens.size == 0, entry.last_used)  # an empty one drops nothing
-            if best_key is None or key > best_key:
-                best, best_key = (entry, kept, dropped), key
-        room = len(self.entries) + self._reserved < self.max_sessions
-        if best is None:
-            return True if room else None
-        entry, kept, dropped = best
-        if room and dropped > kept:
-            return True
-        return entry
+    def _choose(self, ids: np.ndarray) -> _Plan | None:
+        """Who serves ``ids`` and what it copies first; None for "wait"."""
+        scored = [(_key(entry, reuse), entry, reuse) for entry in self.entries
+                  for reuse in [self._reuse(entry, ids)]]
+        if scored:
+            _, owner, reuse = max(scored, key=lambda t: t[0])
+            if owner.busy and owner.tokens.size and _continues(owner, reuse):
+                return None  # its conversation's session is in use (or lent): wait for it
+        idle = [t for t in scored if not t[1].busy]
+        best = max(idle, key=lambda t: t[0]) if idle else None
+        if best is not None and _continues(best[1], best[2]):
+            return _Plan(best[1])
+        source, rows = (best[1], best[2].prefix) if best is not None and best[2].prefix else (None, 0)
+        if len(self.entries) + self._reserved < self.max_sessions:
+            return _Plan(None, source, rows)
+        if not idle:
+            return None
+        target = min((t[1] for t in idle), key=lambda e: e.last_used)  # no room: overwrite it
+        return _Plan(target) if source is target else _Plan(target, source, rows)
+
+    @staticmethod
+    def _reuse(entry: PooledSession, ids: np.ndarray) -> Reuse:
+        s = entry.session
+        return reuse_of(entry.tokens, ids, repair=s.policy == "repair", min_reuse=s.min_reuse)
 
     def acquire(self, ids: np.ndarray, cancelled: Callable[[], bool] | None = None
                 ) -> PooledSession | None:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         with self._cond:
-            while True:
+            while (plan := self._choose(ids)) is None:
                 if cancelled is not None and cancelled():
                     return None
-                choice = self._choose(ids)
-                if isinstance(choice, PooledSession):
-                    choice.busy = True
-                    return choice
-                if choice is True:
-                    self._reserved += 1
-                    break
                 self._cond.wait(WAIT_S)
+            if cancelled is not None and cancelled():
+                return None
+            self._hold(plan, True)
+            if plan.target is not None and plan.source is None:
+                plan.target.prompt = int(ids.size)
+                return plan.target
         try:
-            session = self.factory()
+            session = self.run(lambda: self._prepare(plan))
         except BaseException:
             with self._cond:
-                self._reserved -= 1
-                self._cond.notify_all()
+                self._hold(plan, False)
             raise
         with self._cond:
-            self._reserved -= 1
-            entry = PooledSession(session, next(self._ids), busy=True)
-            self.entries.append(entry)
+            if plan.source is not None:
+                plan.source.busy = False
+            entry = plan.target
+            if entry is None:
+                self._reserved -= 1
+                entry = PooledSession(session, next(self._ids), busy=True)
+                self.entries.append(entry)
+            entry.prompt = int(ids.size)
+            self._cond.notify_all()
             return entry
+
+    def _hold(self, plan: _Plan, held: bool) -> None:
+        """Mark (or free, after a failure) what ``plan`` uses, under the lock."""
+        for entry in (plan.target, plan.source):
+            if entry is not None:
+                entry.busy = held
+        if plan.target is None:
+            self._reserved += 1 if held else -1
+        if not held:
+            self._cond.notify_all()
+
+    def _prepare(self, plan: _Plan) -> Session:
+        """The serving session (built when new), seeded with the plan's rows (MLX work)."""
+        session = plan.target.session if plan.target is not None else self.factory()
+        if plan.source is not None:
+            session.copy_prefix(plan.source.session, plan.rows)
+        return session
 
     # ---- releasing ----------------------------------------------------------------------
     def release(self, entry: PooledSession) -> None:

@@ -32,6 +32,9 @@ MAX_STOP = 4
 # fields that change nothing here, with the values that keep it so
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: v is None or isinstance(v, str),
+    "safety_identifier": lambda v: v is None or isinstance(v, str),
+    "prompt_cache_key": lambda v: v is None or isinstance(v, str),  # the pool finds its cache
+    "prompt_cache_retention": lambda v: v is None or isinstance(v, str),
     "metadata": lambda v: v is None or isinstance(v, dict),
     "store": lambda v: v in (None, False, True),
     "service_tier": lambda v: v is None or isinstance(v, str),

@@ -22,9 +22,6 @@ from nexus_mlx.agent.session import Reply
 from nexus_mlx.server.stream import AssembledCall, Delta
 
 OWNER = "nexus-mlx"
-_FINISH = {"stop": "stop", "stop_string": "stop", "tool_calls": "tool_calls", "length": "length"}
-
-
 @dataclass
 class Completion:
     """A reply and where it was made."""
@@ -38,8 +35,13 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def finish_reason(reply: Reply) -> str:
-    return _FINISH.get(reply.finish_reason, "stop")
+def finish_reason(reply: Reply, called: bool) -> str:
+    """``"length"`` for a reply cut at ``max_tokens``; else ``"tool_calls"`` exactly when the
+    reply sent carries calls (``called``: what the client receives, not what another parser
+    read), else ``"stop"``."""
+    if reply.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(done: Completion) -> dict[str, Any]:
@@ -73,15 +75,20 @@ def completion_body(cid: str, created: int, model: str, content: str,
     return {
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": finish_reason(done.reply)}],
+                     "finish_reason": finish_reason(done.reply, bool(calls))}],
         "usage": usage(done),
     }
 
 
 def chunk_body(cid: str, created: int, model: str, delta: Delta,
-               finish: str | None = None) -> dict[str, Any]:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+               finish: str | None = None, *, with_usage: bool = False) -> dict[str, Any]:
+    """One stream chunk; ``with_usage`` (``stream_options.include_usage``): ``"usage": null``,
+    as OpenAI sends on every chunk but the last."""
+    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    if with_usage:
+        body["usage"] = None
+    return body
 
 
 def usage_chunk(cid: str, created: int, model: str, done: Completion) -> dict[str, Any]:
