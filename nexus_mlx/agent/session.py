@@ -197,9 +197,9 @@ class Session:
         last row."""
         if source.model is not self.model:
             raise ArgumentError("copy_prefix needs a session of the same loaded model")
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= source.cache.n_past:
-            raise ArgumentError(f"rows must be an integer in [0, {source.cache.n_past}], got "
-                                f"{rows!r}")
+        held = source.cache.n_past
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= held:
+            raise ArgumentError(f"rows must be an integer in [0, {held}], got {rows!r}")
         with source.lock:
             cache, flags = source.cache.fork(0, rows), source.editor.flags()[:rows]
         with self.lock:
