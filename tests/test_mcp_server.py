@@ -20,7 +20,13 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from nexus_mlx.agent.mcp_server import AsyncMcpServer, McpServer, ServerSpec, list_server_tools
+from nexus_mlx.agent.mcp_server import (
+    AsyncMcpServer,
+    McpServer,
+    ServerSpec,
+    StderrTail,
+    list_server_tools,
+)
 from nexus_mlx.errors import ServerError, ToolError
 
 STUB = textwrap.dedent(
@@ -196,6 +202,19 @@ def test_server_that_exits_immediately() -> None:
     assert children() <= before
 
 
+def test_stderr_keeps_only_its_tail() -> None:
+    tail = StderrTail(keep=1000)
+    code = "import sys; sys.stderr.write('x' * 3_000_000 + ' last words'); sys.exit(3)"
+    subprocess.run([sys.executable, "-c", code], stderr=tail.writer, check=False)
+    tail.writer.close()
+    tail.settle(5)
+    text = tail.text()
+    assert len(text) == 1000 and text.endswith("x last words")
+    noisy = "import sys; sys.stderr.write('y' * 2_000_000 + ' config is bad'); sys.exit(3)"
+    with pytest.raises(ServerError, match="closed the connection during initialize.*config is bad"):
+        McpServer(ServerSpec(sys.executable, ("-c", noisy), start_timeout=5)).start()
+
+
 @pytest.mark.parametrize(
     "code",
     [
@@ -260,6 +279,42 @@ def test_facade_lifecycle_and_specs(stub_path: Path) -> None:
     )
     assert (spec.args, spec.env, spec.label) == (("a",), (("K", "V"),), "uvx")
     assert hash(spec) == hash(ServerSpec("uvx", ("a",), {"K": "V"}))  # type: ignore[arg-type]
+
+
+GROWING = textwrap.dedent(
+    """
+    from mcp.server.mcpserver import Context, MCPServer
+
+    server = MCPServer("growing")
+
+    def extra() -> str:
+        \"\"\"A tool that appears later.\"\"\"
+        return "extra"
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        \"\"\"Add the tool 'extra' and tell the client its tool list changed.\"\"\"
+        server.add_tool(extra)
+        await ctx.session.send_tool_list_changed()
+        return "grown"
+
+    server.run()
+    """
+)
+
+
+def test_a_changed_tool_list_is_listed_again(tmp_path: Path) -> None:
+    path = tmp_path / "growing_server.py"
+    path.write_text(GROWING)
+    with McpServer(ServerSpec(sys.executable, (str(path),), call_timeout=10)) as server:
+        assert server.tools.names() == ["grow"] and not server.tools_changed
+        assert server.call_tool("grow").text == "grown"
+        deadline = time.monotonic() + 5
+        while not server.tools_changed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.tools_changed  # the notification arrived
+        assert server.tools.names() == ["grow", "extra"] and not server.tools_changed
+        assert server.call_tool("extra").text == "extra"
 
 
 def test_async_server_and_registry_loader(stub_path: Path) -> None:

@@ -12,14 +12,17 @@ Every wait is bounded:
   :class:`ServerError`;
 - a command that does not exist, a server that exits or closes its stdout (before or during a
   request), or a protocol error raises :class:`ServerError` naming the server, the request and
-  the tail of the server's stderr, at the latest when the timeout runs out; never a hang;
+  the tail of the server's stderr (only the last bytes are kept: :class:`StderrTail`), at the
+  latest when the timeout runs out; never a hang;
 - ``close()`` (also the context managers' exit) follows the SDK's shutdown: close stdin, wait 2 s,
   SIGTERM the process group, SIGKILL after 2 s, and reap it; no zombie processes are left.
 A tool that fails is not an exception: its result has ``is_error=True`` (MCP's own rule, so a model
 can read the error and retry). After the server has died every call raises :class:`ServerError`.
 
 Tools are listed into a :class:`~nexus_mlx.tools.registry.ToolRegistry` under ``spec.namespace``
-(if set); ``call_tool`` accepts the plain or the namespaced name. A listed tool that breaks the
+(if set); ``call_tool`` accepts the plain or the namespaced name. A server's
+``notifications/tools/list_changed`` sets ``tools_changed`` until the next listing, and
+:attr:`McpServer.tools` lists again then. A listed tool that breaks the
 ``Tool`` rules raises :class:`ServerError` naming it. This module does not route, retry,
 restart servers, or validate arguments against the schema (the server does that).
 """
@@ -32,13 +35,12 @@ import json
 import math
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import anyio
 
@@ -134,6 +136,38 @@ class McpCallResult:
     structured: Any = None
 
 
+class StderrTail:
+    """A child's stderr as a pipe that a daemon thread drains, keeping only the last ``keep``
+    bytes: what a long-lived, chatty server writes costs no disk and bounded memory. Pass
+    ``writer`` as the child's stderr, then close it (the thread ends when the child's copy
+    closes)."""
+
+    def __init__(self, keep: int = 4 * _STDERR_TAIL) -> None:
+        read_fd, write_fd = os.pipe()
+        self.writer = os.fdopen(write_fd, "w", encoding="utf-8", errors="replace")
+        self._keep, self._tail, self._lock = keep, bytearray(), threading.Lock()
+        self._thread = threading.Thread(target=self._drain, args=(read_fd,), daemon=True,
+                                        name="mcp-stderr")
+        self._thread.start()
+
+    def _drain(self, read_fd: int) -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                with self._lock:
+                    self._tail += chunk
+                    del self._tail[: -self._keep]
+
+    def settle(self, timeout: float = 0.5) -> None:
+        """Wait up to ``timeout`` s for the pipe's end (a child that just died has written
+        its last words)."""
+        if self.writer.closed:
+            self._thread.join(timeout)
+
+    def text(self) -> str:
+        with self._lock:
+            return bytes(self._tail).decode("utf-8", errors="replace")
+
+
 def _leaf(exc: BaseException) -> BaseException:
     """The first innermost exception of (nested) exception groups, cancellations last."""
     while getattr(exc, "exceptions", None):
@@ -183,20 +217,15 @@ class AsyncMcpServer:
         self.server_info: dict[str, Any] = {}
         self._stack: AsyncExitStack | None = None
         self._session: ClientSession | None = None
-        self._errlog: IO[str] | None = None
+        self._errlog: StderrTail | None = None
+        self.tools_changed = threading.Event()  # set by notifications/tools/list_changed
 
     def _stderr_tail(self) -> str:
-        """The end of what the server wrote to stderr (read with pread: the child shares the
-        file offset, so seeking could make it overwrite its own log)."""
-        if self._errlog is None or self._errlog.closed:
+        """The end of what the server wrote to stderr, for an error message."""
+        if self._errlog is None:
             return ""
-        try:
-            fd = self._errlog.fileno()
-            size = os.fstat(fd).st_size
-            raw = os.pread(fd, 4 * _STDERR_TAIL, max(0, size - 4 * _STDERR_TAIL))
-        except (OSError, ValueError, AttributeError):  # AttributeError: no pread (Windows)
-            return ""
-        tail = " ".join(raw.decode("utf-8", errors="replace").split())[-_STDERR_TAIL:]
+        self._errlog.settle()
+        tail = " ".join(self._errlog.text().split())[-_STDERR_TAIL:]
         return f"; stderr: ...{tail}" if tail else ""
 
     def _error(self, exc: BaseException, during: str, timeout: float) -> ServerError:
@@ -229,13 +258,15 @@ class AsyncMcpServer:
         )
         stack = AsyncExitStack()
         try:
-            self._errlog = stack.enter_context(
-                tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
-            )
+            self._errlog = errlog = StderrTail()
+            stack.callback(errlog.writer.close)
             # Spawning does not wait on the server; only the handshake needs the timeout (a cancel
             # scope around entering the SDK's task groups would be exited out of order).
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=self._errlog))
-            session = await stack.enter_async_context(ClientSession(read, write))
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog.writer))
+            errlog.writer.close()  # the child holds its own copy: its exit ends the pipe
+            session = await stack.enter_async_context(
+                ClientSession(read, write, message_handler=self._on_message)
+            )
             with anyio.fail_after(self.spec.start_timeout):
                 init = await session.initialize()
         except BaseException as exc:
@@ -247,6 +278,11 @@ class AsyncMcpServer:
         self.server_info = init.server_info.model_dump(mode="json", exclude_none=True)
         self._stack, self._session = stack, session
         return self
+
+    async def _on_message(self, message: Any) -> None:
+        """The server's notifications: a changed tool list marks the last listing stale."""
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_changed.set()
 
     @staticmethod
     async def _close_stack(stack: AsyncExitStack) -> None:
@@ -272,6 +308,7 @@ class AsyncMcpServer:
     async def list_tools(self) -> ToolRegistry:
         """``tools/list`` (all pages) as a registry under ``spec.namespace``."""
         session = self._live_session()
+        self.tools_changed.clear()  # a change notified while listing calls for another listing
         listed: list[types.Tool] = []
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
@@ -424,8 +461,17 @@ class McpServer:
 
     @property
     def tools(self) -> ToolRegistry:
-        """The registry of the last ``list_tools()`` (listed on first access)."""
-        return self._tools if self._tools is not None else self.list_tools()
+        """The registry of the last ``list_tools()``, listed again on first access and after
+        the server said its tool list changed (:attr:`tools_changed`)."""
+        if self._tools is None or self.tools_changed:
+            return self.list_tools()
+        return self._tools
+
+    @property
+    def tools_changed(self) -> bool:
+        """Whether the server sent ``notifications/tools/list_changed`` since the last listing."""
+        server = self._server
+        return server is not None and server.tools_changed.is_set()
 
     def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None
