@@ -95,6 +95,7 @@ _EXPORTS: dict[str, str] = {
     "ToolError": "nexus_mlx.errors",
     "ArgumentError": "nexus_mlx.errors",
     "ServerError": "nexus_mlx.errors",
+    "RunError": "nexus_mlx.errors",
     "BuildError": "nexus_mlx.errors",
 }
 
@@ -139,6 +140,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         ModelNotFoundError,
         NexusError,
         PositionError,
+        RunError,
         ServerError,
         TokenError,
         ToolError,

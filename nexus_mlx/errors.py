@@ -66,6 +66,16 @@ class ServerError(NexusError, RuntimeError):
     """An MCP server could not be started, timed out, or died while answering."""
 
 
+class RunError(NexusError, RuntimeError):
+    """An agent run stopped part-way on a failure that is not the model's choice (the model or
+    the cache failed, the conversation outgrew the context). ``run`` holds what the run did up
+    to then, the calls it executed and their results included; ``__cause__`` is the failure."""
+
+    def __init__(self, message: str, run: object) -> None:
+        super().__init__(message)
+        self.run = run
+
+
 class BuildError(NexusError, RuntimeError):
     """A native library (the BLAS shim, the INT8 scan) could not be compiled or loaded; callers
     fall back to a slower path and say so."""

@@ -12,8 +12,9 @@ import pytest
 
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer, installed_server
 from nexus_mlx.agent.orchestrator import Agent
+from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import sidecar_messages
-from nexus_mlx.errors import ArgumentError, ToolError
+from nexus_mlx.errors import ArgumentError, RunError, ToolError
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.gate import MarginGate
 from nexus_mlx.routing.router import Router
@@ -119,3 +120,46 @@ def test_concurrent_turns_are_bit_identical(agent):
 def test_unknown_server_is_a_clear_error(agent):
     with pytest.raises(ToolError, match="no running MCP server"):
         agent.server_for("git.git_status")
+
+
+class _HealFails(Session):
+    """A session whose healing (run while the calls execute) fails."""
+
+    def heal(self, max_rows=None):
+        raise RuntimeError("injected heal failure")
+
+
+def _fresh_agent(agent, **options):
+    return Agent(agent.model, agent.tokenizer, agent.registry, agent.router, agent.servers,
+                 max_argument_tokens=24, **options)
+
+
+def test_a_run_that_fails_after_a_call_keeps_the_call_in_the_history(agent):
+    fresh = _fresh_agent(agent)
+    fresh.session = _HealFails(agent.model, agent.tokenizer)
+    with pytest.raises(RunError, match="injected heal failure") as raised:
+        fresh.run("What is the current time in UTC?", tool_choice="required", max_steps=2,
+                  max_tokens=48)
+    run = raised.value.run
+    assert isinstance(raised.value.__cause__, RuntimeError) and run.finish == "error"
+    assert run.executions and run.executions[0].name in agent.registry.names()
+    assert fresh.history == run.messages
+    assert [m["role"] for m in fresh.history] == ["user", "assistant", "tool"]
+    assert fresh.history[-1]["content"] == run.executions[0].output
+    fresh.reset()
+    assert fresh.history == [] and fresh.session is None
+
+
+def test_max_requests_keeps_the_last_exchanges_on_the_live_session(agent):
+    fresh = _fresh_agent(agent, max_requests=2)
+    asked = ["Say hello.", "Name a colour.", "Name a fruit."]
+    runs = [fresh.run(q, tool_choice="none", max_steps=1, max_tokens=6) for q in asked]
+    users = [m["content"] for m in fresh.history if m["role"] == "user"]
+    assert users == asked[1:]
+    assert fresh.history[0] == {"role": "user", "content": "Name a colour."}
+    # the first exchange was deleted from the live cache, not the conversation re-encoded
+    third = runs[2].steps[0]
+    assert third.reused > 0 and third.computed < third.prompt_tokens
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ArgumentError, match="max_requests"):
+            _fresh_agent(agent, max_requests=bad)

@@ -12,6 +12,7 @@ import pytest
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
     execute_call,
+    last_exchanges,
     openai_tool,
     pruned,
     run_agent,
@@ -20,7 +21,7 @@ from nexus_mlx.agent.loop import (
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.decode.call_format import ParsedCall
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, RunError
 from nexus_mlx.tools.registry import ToolRegistry
 from nexus_mlx.tools.tool import Tool
 
@@ -163,3 +164,50 @@ def test_the_answer_prompt_follows_tool_results_only_and_is_never_kept(
         assert after_results[-2]["role"] == "tool"
     assert all(m.get("content") != answer_prompt for m in run.messages if answer_prompt)
     assert [m["role"] for m in run.messages[:3]] == ["user", "assistant", "tool"]
+
+
+def test_last_exchanges_drops_whole_exchanges_from_the_start():
+    msgs = [{"role": "system", "content": "s"},
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+            {"role": "user", "content": "b"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+            {"role": "tool", "content": "r"}, {"role": "assistant", "content": "B"},
+            {"role": "user", "content": "c"}]
+    assert last_exchanges(msgs, 5) == msgs
+    assert last_exchanges(msgs, 2) == [msgs[0], *msgs[3:]]
+    assert last_exchanges(msgs, 1) == [msgs[0], msgs[-1]]
+    assert last_exchanges(msgs, 0) == [msgs[0]]
+    assert last_exchanges(msgs, 2)[1] is not msgs[3]  # copies: the caller's list is untouched
+
+
+class _FailsToGenerate(Session):
+    def generate(self, messages, tools=None, **kwargs):
+        raise RuntimeError("injected model failure")
+
+
+def test_a_failure_before_any_call_propagates_as_it_is(default_model, time_server):
+    model, tokenizer = default_model
+    registry, servers = time_server
+    with pytest.raises(RuntimeError, match="injected model failure") as raised:
+        run_agent(_FailsToGenerate(model, tokenizer), [], "What time is it?", registry, servers)
+    assert not isinstance(raised.value, RunError)
+
+
+def test_the_latest_results_are_shown_up_to_result_chars():
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "tool", "name": "git_log", "content": "x" * 1000},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+            {"role": "tool", "name": "git_diff", "content": "y" * 1000}]
+    out = pruned(msgs, keep_from=2, payload_chars=100, result_chars=300)
+    assert out[1]["content"].startswith("[result of git_log")
+    assert out[3]["content"] == "y" * 300 + "\n[... 700 more characters not shown]"
+    assert pruned(msgs, 2, 100, None)[3]["content"] == "y" * 1000
+    assert pruned(msgs, 2, 100, 1000)[3]["content"] == "y" * 1000
+
+
+@pytest.mark.parametrize("option, bad", [("payload_chars", 0), ("payload_chars", None),
+                                         ("result_chars", -5), ("result_chars", True)])
+def test_bad_result_limits_are_refused(default_model, option, bad):
+    model, tokenizer = default_model
+    with pytest.raises(ArgumentError, match=option):
+        run_agent(Session(model, tokenizer), [], "q", ToolRegistry(), {}, **{option: bad})

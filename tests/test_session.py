@@ -150,7 +150,8 @@ def test_a_failure_inside_the_repair_restores_every_row(model, monkeypatch):
 
 
 def test_bad_settings_are_rejected(model):
-    for kwargs in ({"policy": "fast"}, {"allocator": "oracle"}, {"budget": True}, {"budget": 120}):
+    for kwargs in ({"policy": "fast"}, {"allocator": "oracle"}, {"budget": True}, {"budget": 120},
+                   {"min_reuse": 0}, {"min_reuse": True}, {"min_reuse": 8.5}):
         with pytest.raises(ArgumentError):
             Session(model, None, **kwargs)
 

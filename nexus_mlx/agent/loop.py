@@ -22,11 +22,16 @@ as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown onl
 never kept in ``messages``, so the next step or request removes it from the live cache (an edit
 the session repairs). Tool results older than the latest step and longer than ``payload_chars``
 are replaced by a short surrogate in the messages the session sees, an edit in the middle of the
-conversation that the session repairs instead of re-encoding; while the calls run on their
-servers the session heals the rows its repairs left stale
-(:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
+conversation that the session repairs instead of re-encoding; the latest results are shown up to
+``result_chars`` characters each (default :data:`DEFAULT_RESULT_CHARS`; the run's ``messages``
+keep them whole); while the calls run on their servers the session heals the rows its repairs
+left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
 that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
-can recover; the :class:`Execution` records say which calls succeeded.
+can recover; the :class:`Execution` records say which calls succeeded. Any other failure (the
+model or the cache failed, a failed heal, a conversation that outgrew the context) propagates
+as it is while no call has run; after one has, it is raised as
+:class:`~nexus_mlx.errors.RunError` whose ``run`` (``finish == "error"``) keeps every step,
+call and result up to then, so a call that ran on its server is never lost.
 
 It does not own the servers (the caller starts and closes them) and never routes by reading
 the deep cache.
@@ -45,11 +50,12 @@ from nexus_mlx.agent.mcp_server import McpServer
 from nexus_mlx.agent.session import Reply, Session, StepReport
 from nexus_mlx.agent.sidecar import surrogate
 from nexus_mlx.decode.call_format import ParsedCall, intended_calls, prose_answer
-from nexus_mlx.errors import ArgumentError, NexusError
+from nexus_mlx.errors import ArgumentError, NexusError, RunError
 from nexus_mlx.tools.registry import ToolRegistry
 from nexus_mlx.tools.tool import Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
+DEFAULT_RESULT_CHARS = 8000  # the latest results shown to the model: ~2-3K tokens each
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
                          "call another tool if you still need one.")
 
@@ -67,7 +73,7 @@ class Execution:
 class AgentRun:
     answer: str
     messages: list[dict[str, Any]]  # the conversation, tool turns included (unpruned)
-    finish: str  # "answer", "step_limit", "length" or "call_error" (see the module docstring)
+    finish: str  # "answer", "step_limit", "length", "call_error" or "error" (module docstring)
     steps: list[StepReport] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
@@ -109,18 +115,33 @@ def execute_call(call: ParsedCall, registry: ToolRegistry, servers: Mapping[str,
                      time.perf_counter() - start)
 
 
-def pruned(messages: Sequence[Mapping[str, Any]], keep_from: int, payload_chars: int
-           ) -> list[dict[str, Any]]:
+def pruned(messages: Sequence[Mapping[str, Any]], keep_from: int, payload_chars: int,
+           result_chars: int | None = None) -> list[dict[str, Any]]:
     """``messages`` with tool results before index ``keep_from`` longer than ``payload_chars``
-    replaced by their surrogate."""
+    replaced by their surrogate, and later ones longer than ``result_chars`` (None: no limit)
+    cut to their first ``result_chars`` characters and a line saying how much was cut."""
     out = []
     for index, m in enumerate(messages):
         m = dict(m)
         text = str(m.get("content") or "")
         if m.get("role") == "tool" and index < keep_from and len(text) > payload_chars:
             m["content"] = surrogate(m, payload_chars)
+        elif m.get("role") == "tool" and result_chars is not None and len(text) > result_chars:
+            m["content"] = (f"{text[:result_chars]}\n[... {len(text) - result_chars} more "
+                            f"characters not shown]")
         out.append(m)
     return out
+
+
+def last_exchanges(messages: Sequence[Mapping[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """``messages`` without whole exchanges from the start (an exchange is a user message and
+    everything after it up to the next user message) until at most ``keep`` remain; messages
+    before the first user message (a system prompt) always stay."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if len(starts) <= keep:
+        return [dict(m) for m in messages]
+    cut = starts[len(starts) - keep] if keep else len(messages)
+    return [dict(m) for m in messages[: starts[0]]] + [dict(m) for m in messages[cut:]]
 
 
 def run_agent(
@@ -135,6 +156,7 @@ def run_agent(
     max_steps: int = 6,
     max_tokens: int = 256,
     payload_chars: int = 400,
+    result_chars: int | None = DEFAULT_RESULT_CHARS,
     call_timeout: float | None = None,
     answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
 ) -> AgentRun:
@@ -147,69 +169,119 @@ def run_agent(
                             f"{answer_prompt!r}")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ArgumentError(f"max_steps must be a positive integer, got {max_steps!r}")
+    for option, value in (("payload_chars", payload_chars), ("result_chars", result_chars)):
+        if option == "result_chars" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"{option} must be a positive integer, got {value!r}")
     if call_timeout is not None and (isinstance(call_timeout, bool)
                                      or not isinstance(call_timeout, (int, float))
                                      or not call_timeout > 0):
         raise ArgumentError(f"call_timeout must be a positive number of seconds or None, got "
                             f"{call_timeout!r}")
     names = list(select_tools(request)) if select_tools is not None else registry.names()
-    tools = [openai_tool(registry.get(n)) for n in names]
     messages: list[dict[str, Any]] = [dict(m) for m in history]
     messages.append({"role": "user", "content": request})
     run = AgentRun("", messages, "step_limit")
-    done_calls: set[str] = set()
-    answer_in_words = prose_answer(session.tokenizer)
-    for step in range(max_steps):
-        visible = pruned(messages, _last_step_start(messages), payload_chars)
-        if answer_prompt is not None and messages[-1].get("role") == "tool":
-            visible.append({"role": "user", "content": answer_prompt})
-        choice = tool_choice if step == 0 else "auto"
-        reply = session.generate(visible, tools, tool_choice=choice, max_tokens=max_tokens)
-        described = intended_calls(reply.content, names) if choice != "none" else []
-        fresh = [c for c in described if _key(c) not in done_calls]
-        if not reply.tool_calls and fresh:
-            # the model wrote its call as text: ask for that call, in the format
-            wanted = list(dict.fromkeys(c.name for c in fresh))
-            run.regenerated.append(f"step {step}: {wanted} written as text, forced")
-            reply = session.generate(visible, tools, tool_choice=_forced_choice(wanted),
-                                     max_tokens=max_tokens)
-        repeats = reply.tool_calls or described
-        if repeats and all(_key(c) in done_calls for c in repeats):
-            # the model repeats calls it already has the results of: ask for the answer
-            run.regenerated.append(f"step {step}: repeated calls, asked for the answer")
-            reply = session.generate(visible, tools, tool_choice="none", max_tokens=max_tokens,
-                                     logits_processors=[answer_in_words])
+    steps = _Steps(session, registry, servers, names, tool_choice, max_tokens,
+                   (payload_chars, result_chars), call_timeout, answer_prompt)
+    try:
+        for step in range(max_steps):
+            if steps.take(run, step):
+                return run
+    except Exception as exc:
+        if not run.executions:  # nothing ran on a server: the failure as it is
+            raise
+        run.finish = "error"
+        raise RunError(f"the run stopped at step {len(run.steps)}: {type(exc).__name__}: {exc}",
+                       run) from exc
+    return run
+
+
+class _Steps:
+    """One step of :func:`run_agent` at a time, over settings fixed for the run."""
+
+    def __init__(self, session: Session, registry: ToolRegistry, servers: Mapping[str, McpServer],
+                 names: Sequence[str], tool_choice: str | Mapping[str, Any], max_tokens: int,
+                 limits: tuple[int, int | None], call_timeout: float | None,
+                 answer_prompt: str | None) -> None:
+        self.session, self.registry, self.servers = session, registry, servers
+        self.names, self.tools = list(names), [openai_tool(registry.get(n)) for n in names]
+        self.tool_choice, self.max_tokens = tool_choice, max_tokens
+        self.limits, self.call_timeout = limits, call_timeout  # (payload_chars, result_chars)
+        self.answer_prompt = answer_prompt
+        self.done_calls: set[str] = set()
+        self.answer_in_words = prose_answer(session.tokenizer)
+
+    def take(self, run: AgentRun, step: int) -> bool:
+        """Generate, then run the reply's calls and append them with their results; True when
+        the reply has no calls (the run is over)."""
+        messages = run.messages
+        visible = pruned(messages, _last_step_start(messages), *self.limits)
+        if self.answer_prompt is not None and messages[-1].get("role") == "tool":
+            visible.append({"role": "user", "content": self.answer_prompt})
+        reply = self._reply(run, step, visible)
         run.replies.append(reply)
         run.steps.append(reply.report)
-        done_calls.update(_key(c) for c in reply.tool_calls)
+        self.done_calls.update(_key(c) for c in reply.tool_calls)
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.content})
             run.answer, run.finish = reply.content, _finish_without_calls(reply)
-            return run
+            return True
         ids = [f"call_{len(run.executions) + i}" for i in range(len(reply.tool_calls))]
         messages.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
             {"id": cid, "type": "function",
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for cid, c in zip(ids, reply.tool_calls, strict=True)]})
-        for cid, (call, done) in zip(ids, _execute_while_healing(
-                session, reply.tool_calls, registry, servers, call_timeout), strict=True):
-            run.executions.append(done)
+        done, heal_error = _execute_while_healing(self.session, reply.tool_calls, self.registry,
+                                                  self.servers, self.call_timeout)
+        for cid, (call, execution) in zip(ids, done, strict=True):
+            run.executions.append(execution)
             messages.append({"role": "tool", "tool_call_id": cid, "name": call.name,
-                             "content": done.output})
-    return run
+                             "content": execution.output})
+        if heal_error is not None:  # the results are kept; the run stops on the failure
+            raise heal_error
+        return False
+
+    def _reply(self, run: AgentRun, step: int, visible: list[dict[str, Any]]) -> Reply:
+        """The step's reply, asked again once when it writes a new call as text or only
+        repeats calls already made (see the module docstring)."""
+        choice = self.tool_choice if step == 0 else "auto"
+        generate, tools = self.session.generate, self.tools
+        reply = generate(visible, tools, tool_choice=choice, max_tokens=self.max_tokens)
+        described = intended_calls(reply.content, self.names) if choice != "none" else []
+        fresh = [c for c in described if _key(c) not in self.done_calls]
+        if not reply.tool_calls and fresh:
+            # the model wrote its call as text: ask for that call, in the format
+            wanted = list(dict.fromkeys(c.name for c in fresh))
+            run.regenerated.append(f"step {step}: {wanted} written as text, forced")
+            reply = generate(visible, tools, tool_choice=_forced_choice(wanted),
+                             max_tokens=self.max_tokens)
+        repeats = reply.tool_calls or described
+        if repeats and all(_key(c) in self.done_calls for c in repeats):
+            # the model repeats calls it already has the results of: ask for the answer
+            run.regenerated.append(f"step {step}: repeated calls, asked for the answer")
+            reply = generate(visible, tools, tool_choice="none", max_tokens=self.max_tokens,
+                             logits_processors=[self.answer_in_words])
+        return reply
 
 
 def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], registry: ToolRegistry,
                            servers: Mapping[str, McpServer], timeout: float | None
-                           ) -> list[tuple[ParsedCall, Execution]]:
+                           ) -> tuple[list[tuple[ParsedCall, Execution]], Exception | None]:
     """Run the calls on their servers in a worker thread while this thread heals the session's
     stale rows (MLX work stays on the caller's thread); waits for both, so the next step always
-    sees a fully healed cache whatever the servers' timing."""
+    sees a fully healed cache whatever the servers' timing. A failed heal (the session is left
+    as it was) is returned beside the calls' results, never in place of them."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nexus-tool-call") as pool:
         pending = pool.submit(lambda: [(c, execute_call(c, registry, servers, timeout))
                                        for c in calls])
-        session.heal()
-        return pending.result()
+        heal_error: Exception | None = None
+        try:
+            session.heal()
+        except Exception as exc:
+            heal_error = exc
+        return pending.result(), heal_error
 
 
 def _finish_without_calls(reply: Reply) -> str:

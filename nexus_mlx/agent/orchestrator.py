@@ -11,8 +11,14 @@ MCP server that owns the tool and returns its result. ``run(request)`` is the mu
 instead: one live :class:`~nexus_mlx.agent.session.Session` for the whole conversation, the
 router's top-k tools shown each step, calls in the model's own format executed on the servers
 until the model answers in text (:func:`~nexus_mlx.agent.loop.run_agent`); the conversation is
-kept in ``history``. One coarse re-entrant lock serialises whole turns and runs, so concurrent
-callers get exactly the outputs they would get alone (greedy decoding is deterministic).
+kept in ``history`` (a run that raises :class:`~nexus_mlx.errors.RunError` after calls ran
+keeps them there too). ``max_requests`` bounds it: before a run, whole exchanges (a user
+request and everything after it up to the next one) are dropped from its start until at most
+``max_requests - 1`` remain, an edit the live session repairs instead of re-encoding; with
+None (the default) it grows until the model's context refuses it (the error names both
+lengths), and ``reset()`` starts a new conversation. One coarse re-entrant lock serialises
+whole turns and runs, so concurrent callers get exactly the outputs they would get alone
+(greedy decoding is deterministic).
 
 It does not own the servers' lifetimes (the caller starts and closes them).
 """
@@ -28,7 +34,13 @@ from typing import Any
 import mlx.nn as nn
 
 from nexus_mlx._platform.mlx_thread import on_mlx_thread
-from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, AgentRun, run_agent, server_for
+from nexus_mlx.agent.loop import (
+    DEFAULT_ANSWER_PROMPT,
+    AgentRun,
+    last_exchanges,
+    run_agent,
+    server_for,
+)
 from nexus_mlx.agent.mcp_server import McpCallResult, McpServer
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.sidecar import Message, sidecar_messages
@@ -40,7 +52,7 @@ from nexus_mlx.decode.tool_call import (
     quoted_text,
     tool_call_prompt,
 )
-from nexus_mlx.errors import ArgumentError, ToolError
+from nexus_mlx.errors import ArgumentError, RunError, ToolError
 from nexus_mlx.routing.router import RouteDecision, Router
 from nexus_mlx.tools.registry import ToolRegistry
 
@@ -69,7 +81,12 @@ class Agent:
         optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
         prompt_style: str = "ir",
         ground_optional: bool = True,
+        max_requests: int | None = None,
     ) -> None:
+        if max_requests is not None and (isinstance(max_requests, bool)
+                                         or not isinstance(max_requests, int) or max_requests < 1):
+            raise ArgumentError(f"max_requests must be a positive integer or None, got "
+                                f"{max_requests!r}")
         if prompt_style not in PROMPT_STYLES:
             raise ArgumentError(f"unknown prompt style {prompt_style!r}; choose one of "
                                 f"{PROMPT_STYLES}")
@@ -82,8 +99,14 @@ class Agent:
         self.prompt_style = prompt_style  # "ir" or "native": see tool_call_prompt
         self.ground_optional = ground_optional  # see generate_tool_call
         self.lock = threading.RLock()
+        self.max_requests = max_requests  # exchanges kept in history (see the module docstring)
         self.session: Session | None = None  # the live conversation of run(), made on first use
         self.history: list[dict[str, Any]] = []
+
+    def reset(self) -> None:
+        """Forget the conversation of :meth:`run`: its history and its live session."""
+        with self.lock:
+            self.history, self.session = [], None
 
     @on_mlx_thread  # its MLX work runs on the one MLX thread, whichever thread calls
     def run(
@@ -102,9 +125,17 @@ class Agent:
             if self.session is None:
                 self.session = Session(self.model, self.tokenizer)
             select = (lambda q: self.routed_tools(q, top_k)) if len(self.registry) > top_k else None
-            result = run_agent(self.session, self.history, request, self.registry, self.servers,
-                               select_tools=select, tool_choice=tool_choice, max_steps=max_steps,
-                               max_tokens=max_tokens, answer_prompt=answer_prompt)
+            history = last_exchanges(self.history, self.max_requests - 1) \
+                if self.max_requests is not None else self.history
+            try:
+                result = run_agent(self.session, history, request, self.registry, self.servers,
+                                   select_tools=select, tool_choice=tool_choice,
+                                   max_steps=max_steps, max_tokens=max_tokens,
+                                   answer_prompt=answer_prompt)
+            except RunError as exc:  # calls ran on their servers: the conversation keeps them
+                assert isinstance(exc.run, AgentRun)
+                self.history = exc.run.messages
+                raise
             self.history = result.messages
             return result
 
@@ -148,3 +179,4 @@ class Agent:
                 raise ToolError(f"refusing to execute an invalid call: {list(turn.call.errors)}")
             return self.server_for(turn.call.name).call_tool(turn.call.name, turn.call.arguments,
                                                              timeout=timeout)
+

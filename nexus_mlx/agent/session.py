@@ -150,6 +150,8 @@ class Session:
             raise ArgumentError(f"allocator {allocator!r} cannot repair a session; use one of "
                                 f"{SESSION_ALLOCATORS}")
         budget_tokens(1, budget)  # validates the percentage (bools rejected there)
+        if isinstance(min_reuse, bool) or not isinstance(min_reuse, int) or min_reuse < 1:
+            raise ArgumentError(f"min_reuse must be a positive integer, got {min_reuse!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
