@@ -10,6 +10,8 @@ result does not depend on the model's compute dtype.
   (the reference first), clamped at 0 against rounding.
 - :func:`kl_from_logprobs` — the same from log-probabilities already normalised.
 - :func:`top1_agreement` — whether the two argmaxes agree.
+- :func:`top2_margin` — how far the largest logit of one vector is above the second (a close
+  call when small; ``inf`` when fewer than two are finite, e.g. under a mask).
 
 It knows nothing of models or caches.
 """
@@ -55,3 +57,13 @@ def next_token_kl(ref_logits: Any, other_logits: Any) -> float:
 def top1_agreement(ref_logits: Any, other_logits: Any) -> bool:
     """Whether the two vectors' argmaxes (the greedy next tokens) are the same."""
     return bool(np.argmax(_vector(ref_logits)) == np.argmax(_vector(other_logits)))
+
+
+def top2_margin(logits: Any) -> float:
+    """The largest finite logit minus the second largest (``inf`` with fewer than two)."""
+    x = _vector(logits)
+    x = x[np.isfinite(x)]
+    if x.size < 2:
+        return float("inf")
+    top = np.partition(x, x.size - 2)[-2:]
+    return float(top[1] - top[0])

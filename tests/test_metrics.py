@@ -9,7 +9,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from nexus_mlx.metrics import kl_from_logprobs, log_softmax, next_token_kl, top1_agreement
+from nexus_mlx.metrics import (
+    kl_from_logprobs,
+    log_softmax,
+    next_token_kl,
+    top1_agreement,
+    top2_margin,
+)
 
 
 def _two_point_kl(p: float, q: float) -> float:
@@ -70,3 +76,10 @@ def test_more_than_one_distribution_is_an_error(shape):
         log_softmax(mx.array(batch))
     with pytest.raises(ValueError, match="one distribution"):
         top1_agreement(np.zeros(shape[-1]), batch)
+
+
+def test_top2_margin_is_the_gap_between_the_two_largest_finite_logits():
+    assert top2_margin(np.array([0.5, 3.0, 2.25, -1.0])) == pytest.approx(0.75)
+    assert top2_margin(mx.array([[1.0, 1.0]])) == 0.0
+    assert top2_margin(np.array([-np.inf, 2.0, -np.inf])) == float("inf")  # one allowed token
+    assert top2_margin(np.array([4.0, -np.inf, 1.0])) == 3.0
