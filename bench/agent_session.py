@@ -23,6 +23,10 @@ Arms, interleaved request by request (their order rotates):
   definition new to a session is spliced when an earlier trajectory computed it).
   ``--budgets 5,25,50`` names other budgets (one ``repair-<b>`` arm each) and ``--allocator``
   the repair allocator (default ``sur``): a fidelity-vs-budget sweep on the same requests.
+  ``--guard G`` gives the repair arms the session's close-call guard (every stale row healed
+  before a token whose top two logits are within ``G`` nats; off by default): a step's guard
+  counts in its TTFT, a decoding step's in ``decode_guard_ms`` (records: ``guarded`` and
+  ``decode_guarded`` rows).
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
@@ -259,12 +263,18 @@ class SessionArm:
         report = self.session.step_ids(ids)
         self.last = {"reason": report.reason, "repaired": report.repaired,
                      "stale": report.stale, "from_blocks": report.from_blocks,
-                     "timings": report.timings}
+                     "timings": report.timings, "guarded": report.guarded,
+                     "decode_guarded": 0, "decode_guard_ms": 0.0}
         return (self.session.next_token_logits(), report.computed + report.repaired,
                 report.path)
 
     def decode(self, token: int) -> mx.array:
-        return self.session.advance(token)
+        stale, start = self.session.stale_rows, time.perf_counter()
+        logits = self.session.advance(token)
+        if self.session.guard is not None and stale and not self.session.stale_rows:
+            self.last["decode_guarded"] += stale  # healed by the guard before this token
+            self.last["decode_guard_ms"] += (time.perf_counter() - start) * 1e3
+        return logits
 
     def idle(self) -> dict[str, Any]:
         """Heal every stale row, as a server does between requests (off the critical path)."""
@@ -274,13 +284,13 @@ class SessionArm:
 
 
 def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
-              budgets: tuple[float, ...] = DEFAULT_BUDGETS, allocator: str = "sur"
-              ) -> dict[str, Any]:
+              budgets: tuple[float, ...] = DEFAULT_BUDGETS, allocator: str = "sur",
+              guard: float | None = None) -> dict[str, Any]:
     arms: dict[str, Any] = {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
                             "exact": SessionArm(Session(model, tokenizer, policy="exact"))}
     for b in budgets:
         arms[f"repair-{b:g}"] = SessionArm(Session(model, tokenizer, budget=b, blocks=blocks,
-                                                   allocator=allocator))
+                                                   allocator=allocator, guard=guard))
     return arms
 
 
@@ -344,6 +354,9 @@ def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
                 "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),
                 "computed": float(np.mean([r["arms"][arm]["computed"] for r in rows])),
                 "heal_ms": float(np.mean([r["arms"][arm].get("heal_ms", 0.0) for r in rows])),
+                "guarded": float(np.mean([bool(r["arms"][arm].get("guarded")
+                                               or r["arms"][arm].get("decode_guarded"))
+                                          for r in rows])),
                 "n": len(rows)}
     return out
 
@@ -369,7 +382,7 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
 
 SHARD_SETTINGS = ("model", "n_trajectories", "requests", "tools_per_trajectory", "idle_heal",
                   "tool_blocks", "decode_tokens", "call_tokens", "questions", "budgets",
-                  "allocator", "seed", "calls")  # what shards must share to be merged
+                  "allocator", "seed", "calls", "guard")  # what shards must share to be merged
 
 
 def trajectory_range(text: str, n: int) -> tuple[int, int]:
@@ -445,6 +458,8 @@ def main() -> None:
                         help="repair budgets in percent, one repair-<b> arm each")
     parser.add_argument("--allocator", default="sur", choices=SESSION_ALLOCATORS,
                         help="the repair arms' allocator")
+    parser.add_argument("--guard", type=float, default=None, metavar="NATS",
+                        help="the repair arms' close-call guard (Session(guard=...); off)")
     parser.add_argument("--trajectories", default=None, metavar="A:B",
                         help="run only trajectories A..B-1 of the --n drawn (a shard)")
     parser.add_argument("--merge", nargs="+", metavar="FILE", default=None,
@@ -477,7 +492,7 @@ def main() -> None:
               ToolBlocks(model, render.render, template_digest(tokenizer)))
     records = []
     for trajectory in trajectories:
-        arms = make_arms(model, tokenizer, blocks, budgets, args.allocator)
+        arms = make_arms(model, tokenizer, blocks, budgets, args.allocator, args.guard)
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
             order = arm_names[r % len(arm_names):] + arm_names[: r % len(arm_names)]
@@ -497,7 +512,8 @@ def main() -> None:
                    "load": os.getloadavg()[0], "arms": {}}
             for name, run in runs.items():
                 extra = {k: run[k] for k in ("reason", "repaired", "stale", "from_blocks",
-                                             "timings", "heal_ms", "healed") if k in run}
+                                             "timings", "heal_ms", "healed", "guarded",
+                                             "decode_guarded", "decode_guard_ms") if k in run}
                 row["arms"][name] = {
                     **extra,
                     "ttft_ms": run["ttft_ms"], "computed": run["computed"], "path": run["path"],
@@ -521,7 +537,7 @@ def main() -> None:
                 "call_tokens": args.call_tokens,
                 "questions": "generic" if args.generic_questions else "offered tools",
                 "calls": "random" if answers is None else "answered",
-                "budgets": list(budgets), "allocator": args.allocator,
+                "budgets": list(budgets), "allocator": args.allocator, "guard": args.guard,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)

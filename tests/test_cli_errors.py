@@ -76,6 +76,8 @@ HOSTILE = {  # id: (argv with {tmp} for the work folder, a fragment the one erro
     "report-default-elsewhere": (["report"],
                                  "'results': no such directory (from {tmp}); pass --results "),
     "bench-unknown": (["bench", "../../etc/passwd"], "unknown benchmark"),
+    "serve-negative-guard": (["serve", "--model", NOPE, "--port", "0", "--guard", "-1"],
+                             "--guard must be a number of nats >= 0, got -1"),
 }
 
 

@@ -289,6 +289,27 @@ def test_healing_after_a_reply_leaves_the_next_request_an_exact_cache(tiny):
     assert replies["repair"] == replies["exact"]
 
 
+def test_a_guarded_server_answers_an_edit_as_an_exact_one(tiny):
+    # With a guard no margin passes (1e9 nats) every token after an edit is a close call: the
+    # repaired session heals before deciding it, so the reply equals an exact server's.
+    long_turn = " ".join(f"Fact {i}: the valve {i} opens at {3 * i} bar." for i in range(12))
+    first = [{"role": "user", "content": "Note: the pump is off."},
+             {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": long_turn}]
+    replies = {}
+    for policy, guard in (("repair", 1e9), ("exact", None)):
+        with running(*tiny, model_name="tiny", policy=policy, budget=10.0, guard=guard) as server:
+            c = client(server)
+            c.chat.completions.create(model="tiny", messages=first, max_tokens=1)
+            edited = c.chat.completions.create(model="tiny", messages=first[2:], max_tokens=8)
+            replies[policy] = edited.choices[0].message.content
+            if guard is not None:
+                assert edited.usage.model_extra["nexus"]["path"] == "repair"
+                (entry,) = server.engine.pool.entries
+                assert entry.session.guard == guard and entry.session.stale_rows == 0
+    assert replies["repair"] == replies["exact"]
+
+
 def test_a_seed_makes_sampling_reproducible(tiny_server):
     c = client(tiny_server)
 

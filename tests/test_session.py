@@ -115,6 +115,32 @@ def test_later_steps_recompute_their_budget_of_stale_rows(model):
     assert exact.stale_rows == 0 and exact.step_ids(h[:40] + h[70:] + [1]).repaired == 0
 
 
+def test_the_guard_heals_every_stale_row_before_a_close_call(model):
+    h = HISTORY.tolist()
+    second = h[:40] + h[70:] + [7]
+
+    def session(guard):
+        s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16, guard=guard)
+        s.step_ids(h)
+        return s, s.step_ids(second)
+
+    off, _ = session(None)
+    assert off.stale_rows > 100
+    never, report = session(0.0)  # no margin is below 0: the guard never fires
+    assert report.guarded == 0 and never.stale_rows == off.stale_rows
+    assert np.array_equal(np.array(never.next_token_logits()), np.array(off.next_token_logits()))
+    always, report = session(1e9)  # every token is a close call: the step ends exact
+    assert report.guarded == off.stale_rows and report.stale == always.stale_rows == 0
+    assert "guard" in report.timings and report.timings["total"] >= report.timings["guard"]
+    assert max_diff(always.next_token_logits(), _fresh_logits(model, second)) <= TOL
+    off.guard = 1e9  # while decoding: the token after the close call is decided on exact rows
+    assert max_diff(off.advance(5), _fresh_logits(model, second + [5])) <= TOL
+    assert off.stale_rows == 0
+    for bad in (-1.0, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(ArgumentError, match="guard"):
+            Session(model, None, guard=bad)
+
+
 def test_rejected_requests_leave_the_session_unchanged(model):
     s = Session(model, None, allocator="dense_tokens")
     s.step_ids(HISTORY[:50])
@@ -186,6 +212,21 @@ def test_a_conversation_appends_then_repairs_a_deleted_message(default_model):
     exact.step(follow)
     assert exact.step(without_rivers).path == "reencode"
     assert next_token_kl(exact.next_token_logits(), s.next_token_logits()) >= 0.0
+
+
+def test_generate_guards_the_close_calls_of_the_constrained_row(default_model):
+    """A processor that flattens the row makes every decoded token a close call the raw
+    logits after the step are not: the first token heals the stale rows, and from there the
+    session equals a fresh prefill of everything it holds."""
+    model, tokenizer = default_model
+    s = Session(model, tokenizer, guard=1e-6)
+    s.generate(CONVERSATION, max_tokens=2)
+    flat = [lambda ids, row: mx.zeros_like(row)]
+    reply = s.generate([CONVERSATION[0], *CONVERSATION[2:]], max_tokens=3,
+                       logits_processors=flat)
+    assert reply.report.path == "repair" and reply.report.guarded == 0 and reply.report.stale
+    assert reply.guarded == reply.report.stale and s.stale_rows == 0
+    assert max_diff(s.next_token_logits(), _fresh_logits(model, s.tokens)) <= TOL
 
 
 def test_templates_that_ignore_tools_get_them_as_text(default_model):

@@ -25,11 +25,11 @@ are replaced by a short surrogate in the messages the session sees, an edit in t
 conversation that the session repairs instead of re-encoding; the latest results are shown up to
 ``result_chars`` characters each (default :data:`DEFAULT_RESULT_CHARS`; the run's ``messages``
 keep them whole); while the calls run on their servers the session heals the rows its repairs
-left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or
-that its server refuses or fails, becomes the tool's result text (``error: ...``), so the model
-can recover; the :class:`Execution` records say which calls succeeded. Any other failure (the
-model or the cache failed, a failed heal, a conversation that outgrew the context) propagates
-as it is while no call has run; after one has, it is raised as
+left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an
+unknown tool, or that its server refuses or fails, becomes the tool's result text
+(``error: ...``), so the model can recover; the :class:`Execution` records say which calls
+succeeded. Any other failure (the model or the cache failed, a failed heal, a conversation that
+outgrew the context) propagates as it is while no call has run; after one has, it is raised as
 :class:`~nexus_mlx.errors.RunError` whose ``run`` (``finish == "error"``) keeps every step,
 call and result up to then, so a call that ran on its server is never lost.
 

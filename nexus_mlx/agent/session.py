@@ -26,6 +26,11 @@ A moved row that is not recomputed stays *stale* (its K/V saw another context) u
 step recomputes it: every later step under policy ``repair`` (appends included) recomputes
 ``budget`` percent of the remaining stale rows in the same pass as its new tokens, chosen for
 that step's tokens, so a conversation heals as it goes; :attr:`Session.stale_rows` counts them.
+With ``guard`` set (nats; None, the default, is off) a close call is never decided on stale
+rows: when rows are stale and the next token's top two logits are within ``guard`` of each
+other (after a step, after each decoded token, and in ``generate`` under the turn's constraint),
+every stale row is healed first in one pass, and the token is chosen from exact logits
+(``StepReport.guarded`` / ``Reply.guarded`` count the rows).
 
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
@@ -79,7 +84,7 @@ from nexus_mlx.decode.tool_call import quoted_text
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot
-from nexus_mlx.metrics import next_token_kl, top1_agreement
+from nexus_mlx.metrics import next_token_kl, top1_agreement, top2_margin
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
@@ -114,6 +119,7 @@ class StepReport:
     top1: bool | None = None  # debug: whether their argmaxes agree
     stale: int = 0  # rows left stale after the step (see Session.stale_rows)
     from_blocks: int = 0  # of the spliced rows, those placed from compiled tool blocks
+    guarded: int = 0  # stale rows healed because the next token was a close call (``guard``)
 
 
 @dataclass
@@ -127,6 +133,7 @@ class Reply:
     content: str = ""  # the prose outside tool calls
     tool_calls: list[ParsedCall] = field(default_factory=list)
     call_errors: list[str] = field(default_factory=list)  # calls that did not parse
+    guarded: int = 0  # stale rows healed while decoding, before a close call (``guard``)
 
 
 class Session:
@@ -143,6 +150,7 @@ class Session:
         min_reuse: int = 64,
         debug: bool = False,
         blocks: ToolBlocks | None = None,
+        guard: float | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ArgumentError(f"policy {policy!r} is not one of {POLICIES}")
@@ -152,9 +160,14 @@ class Session:
         budget_tokens(1, budget)  # validates the percentage (bools rejected there)
         if isinstance(min_reuse, bool) or not isinstance(min_reuse, int) or min_reuse < 1:
             raise ArgumentError(f"min_reuse must be a positive integer, got {min_reuse!r}")
+        if guard is not None and (isinstance(guard, bool) or not isinstance(guard, (int, float))
+                                  or not 0 <= guard < float("inf")):
+            raise ArgumentError(f"guard must be a finite number of nats >= 0 or None, got "
+                                f"{guard!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
+        self.guard = None if guard is None else float(guard)  # see the module docstring
         limit = model_plan(model).max_position
         self.max_positions = int(limit) if limit is not None else MAX_POSITION + 1
         if blocks is not None:
@@ -256,6 +269,12 @@ class Session:
         with self.lock:
             plan = plan_edit(self.tokens, new, self.min_reuse)
             report = self._apply(plan, new, [dict(t) for t in tools or ()])
+            start = time.perf_counter()
+            report.guarded = self._heal_before_close_call(self.editor.logits)
+            if report.guarded:
+                report.timings["guard"] = time.perf_counter() - start
+                report.timings["total"] += report.timings["guard"]
+                report.stale = self.stale_rows
             if self.debug:
                 self._compare_with_prefill(new, report)
             return report
@@ -373,6 +392,13 @@ class Session:
                 self.editor.restore_state(extra)
                 raise
 
+    def _heal_before_close_call(self, logits: mx.array | None) -> int:
+        """Heal every stale row when ``logits`` are a close call (see ``guard``); returns the
+        stale rows healed (0: not a close call, no stale rows, or no guard)."""
+        if self.guard is None or logits is None or not self.editor.inexact_rows().size:
+            return 0
+        return self.heal() if top2_margin(logits) < self.guard else 0
+
     def _compare_with_prefill(self, new: np.ndarray, report: StepReport) -> None:
         fresh = forward(self.model, new, make_cache(self.model), logits="last")[0, -1]
         mine = self.next_token_logits()
@@ -389,9 +415,11 @@ class Session:
 
     def advance(self, token: int) -> mx.array:
         """Append one token (a decoded one) to the cache; returns the next token's logits. A
-        token decoded over stale rows is stale too (:meth:`heal` recomputes it)."""
+        token decoded over stale rows is stale too (:meth:`heal` recomputes it; so does
+        ``guard`` when the next token is a close call)."""
         with self.lock:
-            return self.editor.advance(token)
+            logits = self.editor.advance(token)
+            return self.next_token_logits() if self._heal_before_close_call(logits) else logits
 
     def generate(
         self,
@@ -426,8 +454,9 @@ class Session:
         with self.lock:
             start = time.perf_counter()
             report = self.step(messages, tools)
-            out, finish, ttft = self._decode(constraint, max_tokens, tuple(stop), sampler or greedy,
-                                             tuple(logits_processors), on_token, start)
+            out, finish, ttft, guarded = self._decode(constraint, max_tokens, tuple(stop),
+                                                      sampler or greedy, tuple(logits_processors),
+                                                      on_token, start)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = _cut_at_stop(text, stop)
@@ -441,15 +470,15 @@ class Session:
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
-                     parsed.errors)
+                     parsed.errors, guarded)
 
     def _decode(self, constraint: Any, max_tokens: int, stop: tuple[str, ...], sample: Sampler,
                 processors: tuple[LogitsProcessor, ...],
                 on_token: Callable[[int, str], None] | None, start: float
-                ) -> tuple[list[int], str, float]:
+                ) -> tuple[list[int], str, float, int]:
         logits = self.next_token_logits()
         out: list[int] = []
-        ttft = 0.0
+        ttft, guarded = 0.0, 0
         while True:
             mask = constraint.allowed() if constraint is not None else None
             row = logits[None]
@@ -457,6 +486,11 @@ class Session:
                 row = process(mx.array(out, dtype=mx.int32), row)
             if mask is not None:
                 row = mask_logits(row, mx.array(mask))
+            healed = self._heal_before_close_call(row)
+            if healed:  # decide this close call on exact logits
+                guarded += healed
+                logits = self.next_token_logits()
+                continue
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
             token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
             if constraint is not None:
@@ -467,16 +501,16 @@ class Session:
             if constraint is not None:
                 constraint.accept(token)
             if token in self.eos_token_ids:
-                return out, "stop", ttft
+                return out, "stop", ttft, guarded
             if on_token is not None or stop:
                 text = self.tokenizer.decode(out)
                 if on_token is not None:
                     on_token(token, text)
                 if stop and _cut_at_stop(text, stop) != text:
-                    return out, "stop_string", ttft
+                    return out, "stop_string", ttft, guarded
             if len(out) >= max_tokens or self.cache.n_past + 1 >= self.max_positions:
-                return out, "length", ttft
-            logits = self.advance(token)
+                return out, "length", ttft, guarded
+            logits = self.editor.advance(token)  # the close-call check runs on the masked row
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> str:

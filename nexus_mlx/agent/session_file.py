@@ -32,7 +32,7 @@ from nexus_mlx.models.fingerprint import model_fingerprint
 from nexus_mlx.models.forward import make_cache
 
 FORMAT = "nexus-mlx-session"
-SETTINGS = frozenset({"policy", "budget", "allocator", "min_reuse"})  # saved with the session
+SETTINGS = frozenset({"policy", "budget", "allocator", "min_reuse", "guard"})  # saved with it
 VERSION = 2  # 2: per-row stale flags
 
 

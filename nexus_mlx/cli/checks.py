@@ -63,6 +63,13 @@ def percentage(value: float, option: str) -> float:
     return value
 
 
+def nats(value: float | None, option: str) -> float | None:
+    """A finite log-probability gap >= 0, or None (off)."""
+    if value is not None and not 0 <= value < float("inf"):
+        raise ArgumentError(f"{option} must be a number of nats >= 0, got {value:g}")
+    return value
+
+
 def depths(values: list[int], option: str = "--depths") -> list[int]:
     bad = [v for v in values if v < 0]
     if bad:

@@ -302,13 +302,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cache_mib = checks.non_negative_int(args.cache_budget, "--cache-budget")
     max_sessions = checks.positive_int(args.max_sessions, "--max-sessions")
     max_tokens = checks.positive_int(args.max_tokens, "--max-tokens")
+    guard = checks.nats(args.guard, "--guard")
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
         server = Server(model, tokenizer, model_name=args.model, host=host, sock=sock,
                         policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
                         max_sessions=max_sessions, max_tokens=max_tokens,
-                        heal_after_reply=args.heal_after_reply)
+                        heal_after_reply=args.heal_after_reply, guard=guard)
     except BaseException:
         sock.close()
         raise

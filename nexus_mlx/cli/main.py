@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heal-after-reply", action="store_true",
                    help="(repair) after each reply, recompute the session's stale rows while "
                    "the client runs its tools, so the next request finds an exact cache")
+    p.add_argument("--guard", type=float, default=None, metavar="NATS",
+                   help="(repair) heal a session's stale rows before any token whose top two "
+                   "logits are within NATS of each other (a close call); off by default")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

@@ -18,7 +18,9 @@ definitions are new to its session. Both calls block and are meant for worker th
   finds an exact cache while the client was busy (running the tools the reply asked for);
   requests on other sessions may wait behind it. Healed rows and failed heals are counted in
   ``stats()``; a failed heal leaves the session as it was (its transaction) and is not the
-  request's error.
+  request's error. ``guard`` (nats; None: off) is the sessions' close-call guard: stale rows
+  are healed before a token whose top two logits are that close
+  (:class:`~nexus_mlx.agent.session.Session`).
 - ``complete(prepared, on_text, cancel)`` takes a pooled session (the one whose cache keeps the
   most of this conversation, :mod:`.pool`), generates under the request's constraint and
   sampler (greedy at temperature 0), calls ``on_text(text_so_far)`` after each token, and
@@ -73,11 +75,11 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, policy: Policy = "repair",
                  budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
                  max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True,
-                 heal_after_reply: bool = False) -> None:
+                 heal_after_reply: bool = False, guard: float | None = None) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
-        self.policy, self.budget = policy, budget
+        self.policy, self.budget, self.guard = policy, budget, guard
         self.heal_after_reply = bool(heal_after_reply) and policy == "repair"
         # the renderer checks the policy and budget once; it never steps
         self.blocks: ToolBlocks | None = None
@@ -95,7 +97,7 @@ class Engine:
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
-                       blocks=self.blocks)
+                       blocks=self.blocks, guard=self.guard)
 
     # ---- checking -----------------------------------------------------------------------
     def prepare(self, request: ChatRequest, arrived: float | None = None) -> Prepared | ApiError:

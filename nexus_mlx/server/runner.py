@@ -60,7 +60,8 @@ class Server:
                  policy: Policy = "repair", budget: float = 5.0, cache_budget_mib: int = 2048,
                  max_sessions: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  log_level: str = "warning", shutdown_grace_s: int = 2,
-                 tool_blocks: bool = True, heal_after_reply: bool = False) -> None:
+                 tool_blocks: bool = True, heal_after_reply: bool = False,
+                 guard: float | None = None) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -69,7 +70,7 @@ class Server:
         self.engine = Engine(model, tokenizer, policy=policy, budget=budget,
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
-                             heal_after_reply=heal_after_reply)
+                             heal_after_reply=heal_after_reply, guard=guard)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
