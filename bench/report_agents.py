@@ -36,7 +36,7 @@ def session_section(d: dict[str, Any]) -> list[str]:
     rows = _by_class(mapping(d, "summary"), SESSION_CLASSES, lambda c: [
         fmt(c.get("n")), fmt(c.get("ttft_ms"), ".1f"), fmt(c.get("speedup_vs_prefix"), ".2f"),
         fmt(c.get("agree16"), ".3f"), _calls(c), fmt(c.get("kl"), ".4f"),
-        fmt(c.get("heal_ms"), ".1f")])
+        fmt(c.get("heal_ms"), ".1f"), fmt(c.get("guarded"), ".2f")])
     head = [
         "TTFT: the step from the previous state to the first token's logits; speed-up over the "
         "prefix cache (mlx-lm's prompt cache); agree16: first 16 greedy tokens equal to "
@@ -44,9 +44,10 @@ def session_section(d: dict[str, Any]) -> list[str]:
         "recompute of stale rows after a reply, off the critical path; calls identical: the "
         "first tool call equal to re-prefill's, over the requests (in brackets) where either "
         "wrote one (n/a: a run from before calls were compared, whose figure compared no "
-        "calls).", ""]
+        "calls); guarded: the share of requests whose close-call guard healed the stale rows "
+        f"(the run's guard: {fmt(d.get('guard'))} nats; n/a: off or a run from before it).", ""]
     return head + table(["arm", "edit class", "n", "TTFT ms", "vs prefix", "agree16",
-                         "calls identical", "KL", "heal ms"], rows)
+                         "calls identical", "KL", "heal ms", "guarded"], rows)
 
 
 def _calls(c: dict[str, Any]) -> str:
