@@ -1,7 +1,8 @@
 """Live MCP servers over stdio, through the official ``mcp`` SDK, with a synchronous facade.
 
 Contract: :class:`McpServer` (synchronous; the agent turn is synchronous) starts the server
-command of a :class:`ServerSpec` as a child process, speaks MCP to it over stdin/stdout with the
+command of a :class:`~nexus_mlx.agent.mcp_spec.ServerSpec` (re-exported here, with
+``installed_server``) as a child process, speaks MCP to it over stdin/stdout with the
 SDK's ``stdio_client`` + ``ClientSession`` on a private event loop running in a background thread,
 and offers ``list_tools() -> ToolRegistry`` and ``call_tool(name, arguments) -> McpCallResult``.
 :class:`AsyncMcpServer` is the same thing for ``async`` callers (one event loop, no thread).
@@ -32,21 +33,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import math
 import os
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from nexus_mlx.agent.mcp_spec import ServerSpec, check_timeout
+from nexus_mlx.agent.mcp_spec import installed_server as installed_server  # re-exported
 from nexus_mlx.errors import ServerError, ToolError
 from nexus_mlx.tools.registry import ToolRegistry
-from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool, check_json_data, check_namespace
+from nexus_mlx.tools.tool import NAMESPACE_SEP, Tool, check_json_data
 
 try:
     from mcp import ClientSession, StdioServerParameters, stdio_client, types
@@ -59,68 +59,6 @@ except ImportError as exc:  # pragma: no cover  (exercised only without the depe
 _GRACE_S = 10.0  # extra wait of the synchronous side beyond the async timeouts (covers shutdown)
 _STDERR_TAIL = 400
 _MAX_PAGES = 1000
-
-
-def _check_timeout(name: str, value: Any) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ServerError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _env_pairs(env: Any) -> tuple[tuple[str, str], ...]:
-    """Extra environment variables as sorted ``(name, value)`` string pairs."""
-    items = env.items() if isinstance(env, Mapping) else (env or ())
-    try:
-        pairs = [(k, v) for k, v in items]
-    except (TypeError, ValueError):
-        raise ServerError(f"server env must map names to values, got {env!r}") from None
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
-        raise ServerError(f"server env names and values must be strings, got {env!r}")
-    return tuple(sorted(pairs))
-
-
-@dataclass(frozen=True)
-class ServerSpec:
-    """How to start one stdio MCP server (the fields of an ``mcpServers`` config entry)."""
-
-    command: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] | Sequence[tuple[str, str]] = ()
-    cwd: str | None = None
-    namespace: str | None = None
-    start_timeout: float = 30.0
-    call_timeout: float = 60.0
-    label: str = field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.command, str) or not self.command:
-            raise ServerError(f"server command must be a non-empty string, got {self.command!r}")
-        if isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args):
-            raise ServerError(f"server args must be a sequence of strings, got {self.args!r}")
-        pairs = _env_pairs(self.env)
-        if self.namespace is not None:
-            check_namespace(self.namespace)
-        object.__setattr__(self, "args", tuple(self.args))
-        object.__setattr__(self, "env", pairs)
-        object.__setattr__(
-            self, "start_timeout", _check_timeout("start_timeout", self.start_timeout)
-        )
-        object.__setattr__(self, "call_timeout", _check_timeout("call_timeout", self.call_timeout))
-        object.__setattr__(self, "label", self.namespace or os.path.basename(self.command))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ServerSpec:
-        """Build a spec from a dict (``command``, ``args``, ``env``, ...); unknown keys are ignored."""
-        known = {f.name for f in fields(cls) if f.init}
-        values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("args"), list):
-            values["args"] = tuple(values["args"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -337,7 +275,7 @@ class AsyncMcpServer:
     ) -> McpCallResult:
         """``tools/call`` with a bounded wait; see the module docstring for errors."""
         session = self._live_session()
-        limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
+        limit = self.spec.call_timeout if timeout is None else check_timeout("timeout", timeout)
         if not isinstance(name, str) or not name:
             raise ServerError(f"tool name must be a non-empty string, got {name!r}")
         args = dict(arguments or {})
@@ -478,7 +416,7 @@ class McpServer:
     ) -> McpCallResult:
         """Call a tool (plain or namespaced name) and wait at most ``timeout`` (or ``call_timeout``)."""
         _, server = self._running()
-        limit = self.spec.call_timeout if timeout is None else _check_timeout("timeout", timeout)
+        limit = self.spec.call_timeout if timeout is None else check_timeout("timeout", timeout)
         return self._wait(
             server.call_tool(name, arguments, timeout=limit), f"tools/call {name!r}", limit
         )
@@ -523,13 +461,3 @@ def start_servers(specs: Sequence[ServerSpec]) -> list[McpServer]:
         raise
     return started
 
-
-def installed_server(
-    script: str, module: str, *args: str, **kwargs: Any
-) -> ServerSpec:
-    """A spec for an MCP server installed in this Python environment: its console ``script``
-    beside the interpreter when present, else ``python -m module``."""
-    path = Path(sys.executable).with_name(script)
-    if path.is_file():
-        return ServerSpec(str(path), tuple(args), **kwargs)
-    return ServerSpec(sys.executable, ("-m", module, *args), **kwargs)

@@ -54,7 +54,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mlx.core as mx
@@ -63,9 +62,10 @@ import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
+from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
+from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
-    ParsedCall,
     ParsedTurn,
     checked_calls,
     function_of,
@@ -102,38 +102,6 @@ SESSION_ALLOCATORS: tuple[str, ...] = ("sur", "dense_tokens", "single_window", "
                                        "random_units")
 Sampler = Callable[[mx.array], mx.array]
 Message = Mapping[str, Any]
-
-
-@dataclass
-class StepReport:
-    path: str  # "append", "repair", "truncate" or "reencode"
-    reason: str  # why this path was taken
-    prompt_tokens: int  # the request's rendered length
-    reused: int  # rows kept untouched (the common prefix)
-    spliced: int  # rows moved with re-anchored keys (the reused block)
-    repaired: int  # spliced rows recomputed
-    computed: int  # new tokens prefilled
-    deleted: int  # old rows dropped
-    timings: dict[str, float] = field(default_factory=dict)
-    kl: float | None = None  # debug: KL(fresh prefill || session) of the next token
-    top1: bool | None = None  # debug: whether their argmaxes agree
-    stale: int = 0  # rows left stale after the step (see Session.stale_rows)
-    from_blocks: int = 0  # of the spliced rows, those placed from compiled tool blocks
-    guarded: int = 0  # stale rows healed because the next token was a close call (``guard``)
-
-
-@dataclass
-class Reply:
-    text: str  # everything generated, end-of-turn id and stop string removed
-    tokens: list[int]  # the sampled ids (the last one is not in the cache)
-    finish_reason: str  # "stop", "stop_string", "tool_calls" or "length"
-    report: StepReport
-    ttft_s: float
-    decode_s: float
-    content: str = ""  # the prose outside tool calls
-    tool_calls: list[ParsedCall] = field(default_factory=list)
-    call_errors: list[str] = field(default_factory=list)  # calls that did not parse
-    guarded: int = 0  # stale rows healed while decoding, before a close call (``guard``)
 
 
 class Session:

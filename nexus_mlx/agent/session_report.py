@@ -1,0 +1,40 @@
+"""What a live session reports: :class:`StepReport` for each step, :class:`Reply` for each
+generation (plain records; :mod:`.session` fills them in and re-exports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nexus_mlx.decode.call_format import ParsedCall
+
+
+@dataclass
+class StepReport:
+    path: str  # "append", "repair", "truncate" or "reencode"
+    reason: str  # why this path was taken
+    prompt_tokens: int  # the request's rendered length
+    reused: int  # rows kept untouched (the common prefix)
+    spliced: int  # rows moved with re-anchored keys (the reused block)
+    repaired: int  # spliced rows recomputed
+    computed: int  # new tokens prefilled
+    deleted: int  # old rows dropped
+    timings: dict[str, float] = field(default_factory=dict)
+    kl: float | None = None  # debug: KL(fresh prefill || session) of the next token
+    top1: bool | None = None  # debug: whether their argmaxes agree
+    stale: int = 0  # rows left stale after the step (see Session.stale_rows)
+    from_blocks: int = 0  # of the spliced rows, those placed from compiled tool blocks
+    guarded: int = 0  # stale rows healed because the next token was a close call (``guard``)
+
+
+@dataclass
+class Reply:
+    text: str  # everything generated, end-of-turn id and stop string removed
+    tokens: list[int]  # the sampled ids (the last one is not in the cache)
+    finish_reason: str  # "stop", "stop_string", "tool_calls" or "length"
+    report: StepReport
+    ttft_s: float
+    decode_s: float
+    content: str = ""  # the prose outside tool calls
+    tool_calls: list[ParsedCall] = field(default_factory=list)
+    call_errors: list[str] = field(default_factory=list)  # calls that did not parse
+    guarded: int = 0  # stale rows healed while decoding, before a close call (``guard``)
