@@ -23,6 +23,7 @@ from nexus_mlx.tools.tool import check_namespace
 
 
 def check_timeout(name: str, value: Any) -> float:
+    """``value`` as a positive finite number of seconds, or a ServerError naming ``name``."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
