@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,12 +147,18 @@ def matching_runs(old: np.ndarray, new: np.ndarray, start: int, min_reuse: int) 
     return runs
 
 
+def check_min_reuse(min_reuse: Any) -> int:
+    """``min_reuse`` when it is a positive integer, else an :class:`ArgumentError`."""
+    if isinstance(min_reuse, bool) or not isinstance(min_reuse, int) or min_reuse < 1:
+        raise ArgumentError(f"min_reuse must be a positive integer, got {min_reuse!r}")
+    return min_reuse
+
+
 def plan_edit(
     old: Sequence[int] | np.ndarray, new: Sequence[int] | np.ndarray, min_reuse: int = 32
 ) -> EditPlan:
     """The edit plan that turns a cache holding ``old`` into one holding ``new``."""
-    if isinstance(min_reuse, bool) or not isinstance(min_reuse, int) or min_reuse < 1:
-        raise ArgumentError(f"min_reuse must be a positive integer, got {min_reuse!r}")
+    check_min_reuse(min_reuse)
     a, b = _ids(old, "the cached sequence"), _ids(new, "the new sequence")
     p = common_prefix(a, b)
     if p == a.size:

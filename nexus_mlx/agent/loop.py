@@ -144,6 +144,13 @@ def last_exchanges(messages: Sequence[Mapping[str, Any]], keep: int) -> list[dic
     return [dict(m) for m in messages[: starts[0]]] + [dict(m) for m in messages[cut:]]
 
 
+def check_positive_int(option: str, value: Any) -> int:
+    """``value`` when it is a positive integer, else an :class:`ArgumentError` naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{option} must be a positive integer, got {value!r}")
+    return value
+
+
 def run_agent(
     session: Session,
     history: Sequence[Mapping[str, Any]],
@@ -167,13 +174,10 @@ def run_agent(
                                       or not answer_prompt.strip()):
         raise ArgumentError(f"answer_prompt must be a non-empty string or None, got "
                             f"{answer_prompt!r}")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ArgumentError(f"max_steps must be a positive integer, got {max_steps!r}")
-    for option, value in (("payload_chars", payload_chars), ("result_chars", result_chars)):
-        if option == "result_chars" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentError(f"{option} must be a positive integer, got {value!r}")
+    check_positive_int("max_steps", max_steps)
+    check_positive_int("payload_chars", payload_chars)
+    if result_chars is not None:
+        check_positive_int("result_chars", result_chars)
     if call_timeout is not None and (isinstance(call_timeout, bool)
                                      or not isinstance(call_timeout, (int, float))
                                      or not call_timeout > 0):

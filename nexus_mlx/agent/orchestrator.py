@@ -37,6 +37,7 @@ from nexus_mlx._platform.mlx_thread import on_mlx_thread
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
     AgentRun,
+    check_positive_int,
     last_exchanges,
     run_agent,
     server_for,
@@ -83,10 +84,8 @@ class Agent:
         ground_optional: bool = True,
         max_requests: int | None = None,
     ) -> None:
-        if max_requests is not None and (isinstance(max_requests, bool)
-                                         or not isinstance(max_requests, int) or max_requests < 1):
-            raise ArgumentError(f"max_requests must be a positive integer or None, got "
-                                f"{max_requests!r}")
+        if max_requests is not None:
+            check_positive_int("max_requests", max_requests)
         if prompt_style not in PROMPT_STYLES:
             raise ArgumentError(f"unknown prompt style {prompt_style!r}; choose one of "
                                 f"{PROMPT_STYLES}")

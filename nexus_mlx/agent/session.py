@@ -60,7 +60,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.agent.alignment import EditPlan, plan_edit
+from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
@@ -126,8 +126,7 @@ class Session:
             raise ArgumentError(f"allocator {allocator!r} cannot repair a session; use one of "
                                 f"{SESSION_ALLOCATORS}")
         budget_tokens(1, budget)  # validates the percentage (bools rejected there)
-        if isinstance(min_reuse, bool) or not isinstance(min_reuse, int) or min_reuse < 1:
-            raise ArgumentError(f"min_reuse must be a positive integer, got {min_reuse!r}")
+        check_min_reuse(min_reuse)
         if guard is not None and (isinstance(guard, bool) or not isinstance(guard, (int, float))
                                   or not 0 <= guard < float("inf")):
             raise ArgumentError(f"guard must be a finite number of nats >= 0 or None, got "
