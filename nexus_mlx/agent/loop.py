@@ -31,7 +31,12 @@ unknown tool, or that its server refuses or fails, becomes the tool's result tex
 succeeded. Any other failure (the model or the cache failed, a failed heal, a conversation that
 outgrew the context) propagates as it is while no call has run; after one has, it is raised as
 :class:`~nexus_mlx.errors.RunError` whose ``run`` (``finish == "error"``) keeps every step,
-call and result up to then, so a call that ran on its server is never lost.
+call and result up to then, so a call that ran on its server is never lost. A server that
+says its tool list changed (``notifications/tools/list_changed``, e.g. after a call enabled a
+toolset) is listed again before the run's first step and before every later one: its tools in
+the registry are replaced (:func:`relisted`), ``on_registry`` hears the new registry (the
+:class:`~nexus_mlx.agent.orchestrator.Agent` rebuilds its router), the shown tools are chosen
+again, and the session splices the changed tool list like any other edit.
 
 It does not own the servers (the caller starts and closes them) and never routes by reading
 the deep cache.
@@ -115,6 +120,26 @@ def execute_call(call: ParsedCall, registry: ToolRegistry, servers: Mapping[str,
                      time.perf_counter() - start)
 
 
+def relisted(registry: ToolRegistry, servers: Mapping[str, McpServer]) -> ToolRegistry | None:
+    """``registry`` with the tools of each server that said its tool list changed replaced by
+    its new listing, put where its first tool was (at the end if it had none); the other tools
+    keep their places. None when no server said so."""
+    changed = [key for key, server in servers.items() if server.tools_changed]
+    if not changed:
+        return None
+    fresh = {key: list(servers[key].list_tools()) for key in changed}
+    tools: list[Tool] = []
+    for tool in registry:
+        key = tool.server or ""
+        if key in fresh:
+            tools.extend(fresh.pop(key))  # the server's first tool: its new list goes here
+        elif key not in changed:
+            tools.append(tool)
+    for rest in fresh.values():
+        tools.extend(rest)
+    return ToolRegistry(tools)
+
+
 def pruned(messages: Sequence[Mapping[str, Any]], keep_from: int, payload_chars: int,
            result_chars: int | None = None) -> list[dict[str, Any]]:
     """``messages`` with tool results before index ``keep_from`` longer than ``payload_chars``
@@ -166,8 +191,10 @@ def run_agent(
     result_chars: int | None = DEFAULT_RESULT_CHARS,
     call_timeout: float | None = None,
     answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
+    on_registry: Callable[[ToolRegistry], None] | None = None,
 ) -> AgentRun:
-    """Answer ``request`` (see the module docstring)."""
+    """Answer ``request`` (see the module docstring; ``on_registry`` hears each registry a
+    server's changed tool list makes)."""
     if not isinstance(request, str) or not request.strip():
         raise ArgumentError("the request is empty")
     if answer_prompt is not None and (not isinstance(answer_prompt, str)
@@ -183,12 +210,12 @@ def run_agent(
                                      or not call_timeout > 0):
         raise ArgumentError(f"call_timeout must be a positive number of seconds or None, got "
                             f"{call_timeout!r}")
-    names = list(select_tools(request)) if select_tools is not None else registry.names()
     messages: list[dict[str, Any]] = [dict(m) for m in history]
     messages.append({"role": "user", "content": request})
     run = AgentRun("", messages, "step_limit")
-    steps = _Steps(session, registry, servers, names, tool_choice, max_tokens,
+    steps = _Steps(session, registry, servers, tool_choice, max_tokens,
                    (payload_chars, result_chars), call_timeout, answer_prompt)
+    steps.show(request, select_tools, on_registry)
     try:
         for step in range(max_steps):
             if steps.take(run, step):
@@ -206,20 +233,47 @@ class _Steps:
     """One step of :func:`run_agent` at a time, over settings fixed for the run."""
 
     def __init__(self, session: Session, registry: ToolRegistry, servers: Mapping[str, McpServer],
-                 names: Sequence[str], tool_choice: str | Mapping[str, Any], max_tokens: int,
+                 tool_choice: str | Mapping[str, Any], max_tokens: int,
                  limits: tuple[int, int | None], call_timeout: float | None,
                  answer_prompt: str | None) -> None:
         self.session, self.registry, self.servers = session, registry, servers
-        self.names, self.tools = list(names), [openai_tool(registry.get(n)) for n in names]
+        self.names: list[str] = []
+        self.tools: list[dict[str, Any]] = []
+        self.request = ""  # the three below are set by show()
+        self.select_tools: ToolSelector | None = None
+        self.on_registry: Callable[[ToolRegistry], None] | None = None
         self.tool_choice, self.max_tokens = tool_choice, max_tokens
         self.limits, self.call_timeout = limits, call_timeout  # (payload_chars, result_chars)
         self.answer_prompt = answer_prompt
         self.done_calls: set[str] = set()
         self.answer_in_words = prose_answer(session.tokenizer)
 
+    def show(self, request: str, select_tools: ToolSelector | None,
+             on_registry: Callable[[ToolRegistry], None] | None) -> None:
+        """Choose the tools the steps show for ``request`` (taking any server's new list)."""
+        self.request, self.select_tools, self.on_registry = request, select_tools, on_registry
+        self.refresh(force=True)
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Take the new tool lists of servers that said theirs changed (module docstring):
+        the registry, ``on_registry`` told, and the tools shown chosen again."""
+        registry = relisted(self.registry, self.servers)
+        if registry is None and not force:
+            return
+        if registry is not None:
+            self.registry = registry
+            if self.on_registry is not None:
+                self.on_registry(registry)
+        names = self.select_tools(self.request) if self.select_tools is not None \
+            else self.registry.names()
+        self.names = list(names)
+        self.tools = [openai_tool(self.registry.get(n)) for n in self.names]
+
     def take(self, run: AgentRun, step: int) -> bool:
         """Generate, then run the reply's calls and append them with their results; True when
         the reply has no calls (the run is over)."""
+        if step:
+            self.refresh()  # a call may have changed a server's tools (e.g. enabled a toolset)
         messages = run.messages
         visible = pruned(messages, _last_step_start(messages), *self.limits)
         if self.answer_prompt is not None and messages[-1].get("role") == "tool":

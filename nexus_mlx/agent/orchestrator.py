@@ -16,9 +16,11 @@ keeps them there too). ``max_requests`` bounds it: before a run, whole exchanges
 request and everything after it up to the next one) are dropped from its start until at most
 ``max_requests - 1`` remain, an edit the live session repairs instead of re-encoding; with
 None (the default) it grows until the model's context refuses it (the error names both
-lengths), and ``reset()`` starts a new conversation. One coarse re-entrant lock serialises
-whole turns and runs, so concurrent callers get exactly the outputs they would get alone
-(greedy decoding is deterministic).
+lengths), and ``reset()`` starts a new conversation. When a server says its tool list changed,
+``run`` and ``turn`` take its new tools into ``registry`` (``refresh_tools()``) and the router
+is built again over it on its next use (only new tools are embedded). One coarse re-entrant
+lock serialises whole turns and runs, so concurrent callers get exactly the outputs they would
+get alone (greedy decoding is deterministic).
 
 It does not own the servers' lifetimes (the caller starts and closes them).
 """
@@ -39,6 +41,7 @@ from nexus_mlx.agent.loop import (
     AgentRun,
     check_positive_int,
     last_exchanges,
+    relisted,
     run_agent,
     server_for,
 )
@@ -54,7 +57,7 @@ from nexus_mlx.decode.tool_call import (
     tool_call_prompt,
 )
 from nexus_mlx.errors import ArgumentError, RunError, ToolError
-from nexus_mlx.routing.router import RouteDecision, Router
+from nexus_mlx.routing.router import RouteDecision, Router, rebuilt_router
 from nexus_mlx.tools.registry import ToolRegistry
 
 
@@ -123,14 +126,18 @@ class Agent:
         with self.lock:
             if self.session is None:
                 self.session = Session(self.model, self.tokenizer)
-            select = (lambda q: self.routed_tools(q, top_k)) if len(self.registry) > top_k else None
+            def select(query: str) -> list[str]:  # reads the registry in force at each call
+                if len(self.registry) > top_k:
+                    return self.routed_tools(query, top_k)
+                return self.registry.names()
+
             history = last_exchanges(self.history, self.max_requests - 1) \
                 if self.max_requests is not None else self.history
             try:
                 result = run_agent(self.session, history, request, self.registry, self.servers,
                                    select_tools=select, tool_choice=tool_choice,
                                    max_steps=max_steps, max_tokens=max_tokens,
-                                   answer_prompt=answer_prompt)
+                                   answer_prompt=answer_prompt, on_registry=self._take_registry)
             except RunError as exc:  # calls ran on their servers: the conversation keeps them
                 assert isinstance(exc.run, AgentRun)
                 self.history = exc.run.messages
@@ -138,9 +145,29 @@ class Agent:
             self.history = result.messages
             return result
 
+    def _take_registry(self, registry: ToolRegistry) -> None:
+        self.registry = registry  # the router follows on its next use (current_router)
+
+    def current_router(self) -> Router:
+        """The router, built again over :attr:`registry` first when that differs from the
+        router's (:func:`~nexus_mlx.routing.router.rebuilt_router`: only new tools are embedded)."""
+        with self.lock:
+            if self.router.registry != self.registry:
+                self.router = rebuilt_router(self.router, self.registry)
+            return self.router
+
+    def refresh_tools(self) -> bool:
+        """List again the tools of every server that said its list changed and take them into
+        :attr:`registry` (:meth:`run` does this itself before each step); True when one did."""
+        with self.lock:
+            registry = relisted(self.registry, self.servers)
+            if registry is not None:
+                self._take_registry(registry)
+            return registry is not None
+
     def routed_tools(self, request: str, k: int) -> list[str]:
         """The ``k`` tools the router ranks highest for ``request``, its choice first."""
-        decision = self.router.route(request)
+        decision = self.current_router().route(request)
         names = [decision.chosen] + [n for n, _ in decision.candidates if n != decision.chosen]
         return names[:k]
 
@@ -151,7 +178,8 @@ class Agent:
             timings: dict[str, float] = {}
             start = time.perf_counter()
             window = sidecar_messages(messages, window=self.window, payload_chars=self.payload_chars)
-            decision = self.router.route(str(messages[-1].get("content", "")))
+            self.refresh_tools()
+            decision = self.current_router().route(str(messages[-1].get("content", "")))
             timings["route"] = time.perf_counter() - start
             tool = self.registry.get(decision.chosen)
             start = time.perf_counter()

@@ -23,6 +23,8 @@ default was chosen on held-out queries (``bench/routing_accuracy.py``'s lever sw
 ``bench/rerank_fusion.py``, ``bench/routing_levers.py`` for the lexical weight). The tools'
 embeddings go through the on-disk :mod:`~nexus_mlx.routing.embedding_cache` (keyed by the
 embedder's fingerprint and the exact texts), so a registry is embedded once, not on every run.
+:func:`rebuilt_router` carries a router's settings over to a changed registry (a server's tool
+list changed), embedding only the tools the cache has not seen.
 
 An empty or whitespace-only request raises :class:`ArgumentError`: there is nothing to route.
 """
@@ -171,6 +173,29 @@ def build_router(
         from nexus_mlx.routing.embedder import Embedder
 
         embedder = Embedder.load(query_prefix=QUERY_PREFIX)
+    if reranker is None:
+        reranker = default_reranker(model, tokenizer)
+    return _assemble(registry, embedder, embedder_id, reranker, k, embedding_cache, progress,
+                     lexical_weight)
+
+
+def rebuilt_router(router: Router, registry: ToolRegistry, *,
+                   embedding_cache: EmbeddingCache | bool = True) -> Router:
+    """A router like ``router`` (its embedder, reranker, k and lexical weight) over another
+    ``registry``, as when a server's tool list changed: the SLB is built again through the
+    embedding cache (only tools not embedded before are embedded) and the gate is calibrated
+    again on the new registry, as :func:`build_router` does (a calibration ``router`` was given
+    by hand is not carried over)."""
+    if len(registry) == 0:
+        raise ArgumentError("cannot route over an empty tool registry")
+    return _assemble(registry, router.embedder, router.slb.embedder_id, router.reranker,
+                     router.k, embedding_cache, None, router.lexical_weight)
+
+
+def _assemble(registry: ToolRegistry, embedder: Any, embedder_id: str, reranker: Reranker | None,
+              k: int, embedding_cache: EmbeddingCache | bool, progress: ProgressFactory | None,
+              lexical_weight: float) -> Router:
+    """The SLB, BM25 index and calibrated gate over ``registry``, joined into a router."""
     documents: Any = embedder
     if embedding_cache is not False:
         cache = embedding_cache if isinstance(embedding_cache, EmbeddingCache) else None
@@ -185,8 +210,6 @@ def build_router(
         gate = calibration.gate()
     except ArgumentError:
         calibration, gate = None, MarginGate(0.0)
-    if reranker is None:
-        reranker = default_reranker(model, tokenizer)
     cached = documents.hit if isinstance(documents, CachedDocumentEmbedder) else None
     return Router(registry, embedder, slb, gate, reranker, k=k, calibration=calibration,
                   embeddings_cached=cached, lexical_weight=lexical_weight, lexical=lexical)
