@@ -27,6 +27,13 @@ Arms, interleaved request by request (their order rotates):
   before a token whose top two logits are within ``G`` nats; off by default): a step's guard
   counts in its TTFT, a decoding step's in ``decode_guard_ms`` (records: ``guarded`` and
   ``decode_guarded`` rows).
+- ``--arms`` runs a subset of the three baselines (e.g. ``prefix,exact`` for a cheaper probe:
+  fidelity is then judged against ``exact``, whose output equals re-prefill's — a tested
+  equivalence; the JSON's ``reference`` names the arm).
+
+A repair arm's record also keeps each chosen token's top-2 logit margin (``margins``) and the
+first token index where its reply leaves the reference's (``diverge``, None: identical): what
+``bench/guard_sweep.py`` needs to replay any close-call guard threshold from a run without one.
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
@@ -39,8 +46,9 @@ identical, and the first tool call identical (name and arguments; tagged, bare o
 naming an offered tool), compared only where the reference or the arm wrote one: two text
 replies are not a call comparison. ``calls_compared`` counts those requests and
 ``calls_identical`` is None where there were none.
-JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "agree16",
-"calls_identical", "calls_compared", "n"}`` for classes ``append``, ``tools``, ``delete``, ``edit`` (and
+JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "ttft_plus_guard_ms",
+"speedup_incl_guard", "agree16", "calls_identical", "calls_compared", "n"}`` (``_plus_guard``:
+TTFT plus the guard's heals while decoding, the time the guard adds to a reply) for classes ``append``, ``tools``, ``delete``, ``edit`` (and
 ``deep``: the non-append classes at depth >= 1,024 tokens), plus every request's record.
 
 A long run may go in shards: trajectories are drawn per index (the same trajectory ``i`` for
@@ -88,7 +96,7 @@ from nexus_mlx.agent.session import SESSION_ALLOCATORS, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, intended_calls, parse_tool_calls
-from nexus_mlx.metrics import next_token_kl
+from nexus_mlx.metrics import next_token_kl, top2_margin
 from routing_eval import GITHUB_QUERIES
 
 BASE_ARMS = ("reprefill", "prefix", "exact")
@@ -285,13 +293,23 @@ class SessionArm:
 
 def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
               budgets: tuple[float, ...] = DEFAULT_BUDGETS, allocator: str = "sur",
-              guard: float | None = None) -> dict[str, Any]:
-    arms: dict[str, Any] = {"reprefill": Reprefill(model), "prefix": PrefixCache(model),
-                            "exact": SessionArm(Session(model, tokenizer, policy="exact"))}
+              guard: float | None = None, base: tuple[str, ...] = BASE_ARMS) -> dict[str, Any]:
+    makers: dict[str, Callable[[], Any]] = {
+        "reprefill": lambda: Reprefill(model), "prefix": lambda: PrefixCache(model),
+        "exact": lambda: SessionArm(Session(model, tokenizer, policy="exact"))}
+    arms = {name: makers[name]() for name in base}
     for b in budgets:
         arms[f"repair-{b:g}"] = SessionArm(Session(model, tokenizer, budget=b, blocks=blocks,
                                                    allocator=allocator, guard=guard))
     return arms
+
+
+def divergence(tokens: list[int], reference: list[int]) -> int | None:
+    """The first index where ``tokens`` leave ``reference`` (None: identical)."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def first_call(text: str, names: list[str]) -> ParsedCall | None:
@@ -315,15 +333,17 @@ def run_arm(arm: Any, ids: np.ndarray, decode: int, eos: set[int], idle_heal: bo
     ttft = (time.perf_counter() - start) * 1e3
     first = np.array(logits)
     tokens: list[int] = []
+    margins: list[float] = []  # each chosen token's top-2 logit margin (what the guard reads)
     while len(tokens) < decode or (len(tokens) < call_tokens and reply(tokens)):
         token = int(mx.argmax(logits).item())
         tokens.append(token)
+        margins.append(round(top2_margin(logits), 4))
         if token in eos:
             break
         logits = arm.decode(token)
     idle = arm.idle() if idle_heal and hasattr(arm, "idle") else {}
     return {"ttft_ms": ttft, "computed": computed, "path": path, "tokens": tokens,
-            "first_logits": first, **getattr(arm, "last", {}), **idle}
+            "margins": margins, "first_logits": first, **getattr(arm, "last", {}), **idle}
 
 
 # ---------------------------------------------------------------------------- summary
@@ -346,9 +366,14 @@ def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
             if not rows:
                 continue
             ttft = float(np.mean([r["arms"][arm]["ttft_ms"] for r in rows]))
-            prefix = float(np.mean([r["arms"]["prefix"]["ttft_ms"] for r in rows]))
+            prefix = float(np.mean([r["arms"]["prefix"]["ttft_ms"] for r in rows])) \
+                if "prefix" in rows[0]["arms"] else float("nan")
+            heals = ttft + float(np.mean([r["arms"][arm].get("decode_guard_ms", 0.0)
+                                          for r in rows]))
             out[arm][name] = {
                 "ttft_ms": ttft, "speedup_vs_prefix": prefix / ttft if ttft else float("nan"),
+                "ttft_plus_guard_ms": heals,
+                "speedup_incl_guard": prefix / heals if heals else float("nan"),
                 "agree16": float(np.mean([r["arms"][arm]["agree16"] for r in rows])),
                 **call_agreement([r["arms"][arm].get("calls_identical") for r in rows]),
                 "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),
@@ -364,7 +389,8 @@ def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
 def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
     import plots
 
-    classes = [c for c in (*EDIT_CLASSES, "deep") if c in summary["prefix"]]
+    first = next(iter(summary.values()))
+    classes = [c for c in (*EDIT_CLASSES, "deep") if c in first]
     fig, (ax_t, ax_a) = plots.figure(2, width=11)
     width = 0.8 / len(summary)
     for i, arm in enumerate(summary):
@@ -382,7 +408,7 @@ def draw(summary: dict[str, Any], name: str, quick: bool) -> None:
 
 SHARD_SETTINGS = ("model", "n_trajectories", "requests", "tools_per_trajectory", "idle_heal",
                   "tool_blocks", "decode_tokens", "call_tokens", "questions", "budgets",
-                  "allocator", "seed", "calls", "guard")  # what shards must share to be merged
+                  "allocator", "seed", "calls", "guard", "arms")  # shards must share these
 
 
 def trajectory_range(text: str, n: int) -> tuple[int, int]:
@@ -460,6 +486,9 @@ def main() -> None:
                         help="the repair arms' allocator")
     parser.add_argument("--guard", type=float, default=None, metavar="NATS",
                         help="the repair arms' close-call guard (Session(guard=...); off)")
+    parser.add_argument("--arms", default=",".join(BASE_ARMS),
+                        help="the baseline arms to run besides the repair arms (a subset of "
+                             f"{','.join(BASE_ARMS)}; the reference is reprefill, else exact)")
     parser.add_argument("--trajectories", default=None, metavar="A:B",
                         help="run only trajectories A..B-1 of the --n drawn (a shard)")
     parser.add_argument("--merge", nargs="+", metavar="FILE", default=None,
@@ -470,7 +499,11 @@ def main() -> None:
         merge_main(args.merge, args.tag)
         return
     budgets = tuple(float(b) for b in str(args.budgets).split(","))
-    arm_names = (*BASE_ARMS, *(f"repair-{b:g}" for b in budgets))
+    base = tuple(a for a in BASE_ARMS if a in str(args.arms).split(","))
+    if set(str(args.arms).split(",")) - set(BASE_ARMS) or not {"reprefill", "exact"} & set(base):
+        parser.error(f"--arms takes a subset of {','.join(BASE_ARMS)} holding reprefill or exact")
+    arm_names = (*base, *(f"repair-{b:g}" for b in budgets))
+    reference = "reprefill" if "reprefill" in base else "exact"
     if args.quick:
         args.n, args.requests, args.tools, args.decode = 1, 6, "3", 16
     tool_counts = [int(x) for x in str(args.tools).split(",")]
@@ -492,7 +525,7 @@ def main() -> None:
               ToolBlocks(model, render.render, template_digest(tokenizer)))
     records = []
     for trajectory in trajectories:
-        arms = make_arms(model, tokenizer, blocks, budgets, args.allocator, args.guard)
+        arms = make_arms(model, tokenizer, blocks, budgets, args.allocator, args.guard, base)
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
             order = arm_names[r % len(arm_names):] + arm_names[: r % len(arm_names)]
@@ -504,7 +537,7 @@ def main() -> None:
             runs = {name: run_arm(arms[name], ids, args.decode, eos, not args.no_idle_heal,
                                   reply, args.call_tokens)
                     for name in order}
-            ref = runs["reprefill"]
+            ref = runs[reference]
             calls = {name: first_call(tokenizer.decode(run["tokens"]), names)
                      for name, run in runs.items()}
             row = {"trajectory": trajectory.index, "request": r, "edit": request.edit,
@@ -521,8 +554,11 @@ def main() -> None:
                     "agree16": run["tokens"][:16] == ref["tokens"][:16],
                     "call": None if calls[name] is None else [calls[name].name,
                                                               calls[name].arguments],
-                    "calls_identical": None if calls[name] is None and calls["reprefill"] is None
-                    else calls[name] == calls["reprefill"]}
+                    "calls_identical": None if calls[name] is None and calls[reference] is None
+                    else calls[name] == calls[reference]}
+                if name.startswith("repair-"):  # what a guard sweep needs (bench/guard_sweep.py)
+                    row["arms"][name].update(margins=run["margins"],
+                                             diverge=divergence(run["tokens"], ref["tokens"]))
             records.append(row)
             print(f"traj {trajectory.index} req {r} {request.edit:>6} depth {ids.size:>5}: " +
                   "  ".join(f"{a} {row['arms'][a]['ttft_ms']:.0f}ms" for a in arm_names),
@@ -538,6 +574,7 @@ def main() -> None:
                 "questions": "generic" if args.generic_questions else "offered tools",
                 "calls": "random" if answers is None else "answered",
                 "budgets": list(budgets), "allocator": args.allocator, "guard": args.guard,
+                "arms": list(arm_names), "reference": reference,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)

@@ -54,3 +54,47 @@ def test_trajectory_ranges(text, span):
 def test_bad_trajectory_ranges_stop_with_a_message(text):
     with pytest.raises(SystemExit, match="--trajectories"):
         trajectory_range(text, 20)
+
+
+def test_divergence_is_the_first_differing_token():
+    from agent_session import divergence
+
+    assert divergence([1, 2, 3], [1, 2, 3]) is None
+    assert divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert divergence([1, 2], [1, 2, 3]) == 2  # stopped early: it leaves the reference there
+
+
+def _arm(margins, diverge, stale=10, agree16=True, calls=None, heal_ms=50.0, ttft=100.0):
+    return {"margins": margins, "diverge": diverge, "stale": stale, "agree16": agree16,
+            "calls_identical": calls, "heal_ms": heal_ms, "ttft_ms": ttft}
+
+
+def test_the_guard_replay_fixes_only_replies_it_fires_on_in_time():
+    from guard_sweep import replay
+
+    late = _arm([3.0, 2.0, 0.2, 0.1], diverge=1, agree16=False, calls=False)
+    assert replay(late, 0.5)["fire"] == 2 and not replay(late, 0.5)["agree16"]  # after it left
+    assert replay(late, 2.5) == {"fire": 1, "agree16": True, "call": True, "added_ms": 50.0,
+                                 "step_ms": 0.0}  # at the divergence: the reference's reply
+    assert replay(late, 5.0)["step_ms"] == 50.0  # at the first token: counts in TTFT
+    clean = _arm([0.1, 3.0], diverge=None, stale=0)
+    assert replay(clean, 1.0)["fire"] is None  # no stale rows: nothing to heal
+    with pytest.raises(ValueError, match="margins"):
+        replay({"stale": 1, "diverge": None}, 1.0)
+
+
+def test_the_guard_sweep_scores_deep_requests_against_the_prefix_cache():
+    from guard_sweep import sweep_cell
+
+    def record(edit, depth, arm):
+        return {"edit": edit, "depth": depth, "arms": {"prefix": {"ttft_ms": 600.0},
+                                                       "repair-5": arm}}
+
+    records = [record("tools", 2000, _arm([0.3, 4.0], diverge=0, agree16=False, calls=False)),
+               record("tools", 2000, _arm([4.0, 4.0], diverge=None, calls=True)),
+               record("append", 2000, _arm([0.1], diverge=None, stale=0))]
+    off, on = sweep_cell(records, "repair-5", 0.1), sweep_cell(records, "repair-5", 0.5)
+    assert off["deep"]["agree16"] == 0.5 and off["deep"]["fired"] == 0.0
+    assert on["deep"]["agree16"] == 1.0 and on["deep"]["calls_count"] == 2
+    assert on["deep"]["fired"] == 0.5 and on["all"]["n"] == 3
+    assert off["speedup_incl_guard"]["tools"] == 6.0 and on["speedup_incl_guard"]["tools"] == 4.8
