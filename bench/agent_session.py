@@ -306,7 +306,7 @@ def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
 
 def divergence(tokens: list[int], reference: list[int]) -> int | None:
     """The first index where ``tokens`` leave ``reference`` (None: identical)."""
-    for index, (a, b) in enumerate(zip(tokens, reference)):
+    for index, (a, b) in enumerate(zip(tokens, reference, strict=False)):
         if a != b:
             return index
     return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
