@@ -48,8 +48,9 @@ replies are not a call comparison. ``calls_compared`` counts those requests and
 ``calls_identical`` is None where there were none.
 JSON: ``summary[arm][edit_class] = {"ttft_ms", "speedup_vs_prefix", "ttft_plus_guard_ms",
 "speedup_incl_guard", "agree16", "calls_identical", "calls_compared", "n"}`` (``_plus_guard``:
-TTFT plus the guard's heals while decoding, the time the guard adds to a reply) for classes ``append``, ``tools``, ``delete``, ``edit`` (and
-``deep``: the non-append classes at depth >= 1,024 tokens), plus every request's record.
+TTFT plus the guard's heals while decoding, the time the guard adds to a reply) for classes
+``append``, ``tools``, ``delete``, ``edit`` (and ``deep``: the non-append classes at depth
+>= 1,024 tokens), plus every request's record.
 
 A long run may go in shards: trajectories are drawn per index (the same trajectory ``i`` for
 any ``--n`` > ``i``), so ``--trajectories A:B`` runs indices ``A..B-1`` of the ``--n`` drawn, each
@@ -442,7 +443,8 @@ def merge_shards(shards: list[dict[str, Any]]) -> dict[str, Any]:
     records = sorted((r for shard in shards for r in shard["records"]),
                      key=lambda r: (r["trajectory"], r["request"]))
     arms = tuple(records[0]["arms"])
-    return {**{k: base[k] for k in ("model", "model_info", *SHARD_SETTINGS) if k in base},
+    return {**{k: base[k] for k in ("model", "model_info", "reference", *SHARD_SETTINGS)
+               if k in base},
             "trajectories": sorted(seen),
             "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
             "shards": [{"trajectories": sorted({r["trajectory"] for r in shard["records"]}),
