@@ -356,11 +356,16 @@ def call_agreement(flags: list[bool | None]) -> dict[str, Any]:
             "calls_compared": len(compared)}
 
 
+def is_deep(record: dict[str, Any]) -> bool:
+    """A non-append request at depth >= ``DEEP`` (the summary's ``deep`` class)."""
+    return record["edit"] not in ("append", "first") and record["depth"] >= DEEP
+
+
 def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
               ) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     groups = {c: [r for r in records if r["edit"] == c] for c in EDIT_CLASSES}
-    groups["deep"] = [r for r in records if r["edit"] != "append" and r["depth"] >= DEEP]
+    groups["deep"] = [r for r in records if is_deep(r)]
     for arm in arms:
         out[arm] = {}
         for name, rows in groups.items():
@@ -369,12 +374,12 @@ def summarize(records: list[dict[str, Any]], arms: tuple[str, ...] = ARMS
             ttft = float(np.mean([r["arms"][arm]["ttft_ms"] for r in rows]))
             prefix = float(np.mean([r["arms"]["prefix"]["ttft_ms"] for r in rows])) \
                 if "prefix" in rows[0]["arms"] else float("nan")
-            heals = ttft + float(np.mean([r["arms"][arm].get("decode_guard_ms", 0.0)
-                                          for r in rows]))
+            with_heals = ttft + float(np.mean([r["arms"][arm].get("decode_guard_ms", 0.0)
+                                               for r in rows]))
             out[arm][name] = {
                 "ttft_ms": ttft, "speedup_vs_prefix": prefix / ttft if ttft else float("nan"),
-                "ttft_plus_guard_ms": heals,
-                "speedup_incl_guard": prefix / heals if heals else float("nan"),
+                "ttft_plus_guard_ms": with_heals,
+                "speedup_incl_guard": prefix / with_heals if with_heals else float("nan"),
                 "agree16": float(np.mean([r["arms"][arm]["agree16"] for r in rows])),
                 **call_agreement([r["arms"][arm].get("calls_identical") for r in rows]),
                 "kl": float(np.mean([r["arms"][arm]["kl"] for r in rows])),

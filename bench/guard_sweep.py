@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from agent_session import is_deep
 
-DEEP = 1024
 CLASSES = ("tools", "delete", "edit")
 DEFAULT_THRESHOLDS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5)
 
@@ -63,11 +63,12 @@ def replay(arm: dict[str, Any], guard: float) -> dict[str, Any]:
 
 def sweep_cell(records: list[dict[str, Any]], arm: str, guard: float) -> dict[str, Any]:
     """One (threshold, arm) cell over ``records``."""
+    replays = [replay(r["arms"][arm], guard) for r in records]
     out: dict[str, Any] = {}
-    for scope, rows in (("deep", [r for r in records if _deep(r)]), ("all", records)):
-        played = [replay(r["arms"][arm], guard) for r in rows]
+    for scope, keep in (("deep", is_deep), ("all", lambda _: True)):
+        played = [p for r, p in zip(records, replays, strict=True) if keep(r)]
         calls = [p["call"] for p in played if p["call"] is not None]
-        out[scope] = {"n": len(rows), "agree16": _mean([p["agree16"] for p in played]),
+        out[scope] = {"n": len(played), "agree16": _mean([p["agree16"] for p in played]),
                       "agree16_count": sum(p["agree16"] for p in played),
                       "calls_identical": _mean(calls), "calls_count": sum(calls),
                       "calls_compared": len(calls),
@@ -75,17 +76,13 @@ def sweep_cell(records: list[dict[str, Any]], arm: str, guard: float) -> dict[st
                       "added_ms": _mean([p["added_ms"] for p in played])}
     out["speedup_incl_guard"] = {}
     for cls in CLASSES:
-        rows = [r for r in records if _deep(r) and r["edit"] == cls]
-        if rows and "prefix" in rows[0]["arms"]:
-            prefix = np.mean([r["arms"]["prefix"]["ttft_ms"] for r in rows])
-            mine = np.mean([r["arms"][arm]["ttft_ms"] + replay(r["arms"][arm], guard)["added_ms"]
-                            for r in rows])
+        rows = [(r, p) for r, p in zip(records, replays, strict=True)
+                if is_deep(r) and r["edit"] == cls]
+        if rows and "prefix" in rows[0][0]["arms"]:
+            prefix = np.mean([r["arms"]["prefix"]["ttft_ms"] for r, _ in rows])
+            mine = np.mean([r["arms"][arm]["ttft_ms"] + p["added_ms"] for r, p in rows])
             out["speedup_incl_guard"][cls] = float(prefix / mine)
     return out
-
-
-def _deep(record: dict[str, Any]) -> bool:
-    return record["edit"] not in ("append", "first") and record["depth"] >= DEEP
 
 
 def _mean(values: list[Any]) -> float | None:

@@ -214,8 +214,8 @@ def run_agent(
     messages.append({"role": "user", "content": request})
     run = AgentRun("", messages, "step_limit")
     steps = _Steps(session, registry, servers, tool_choice, max_tokens,
-                   (payload_chars, result_chars), call_timeout, answer_prompt)
-    steps.show(request, select_tools, on_registry)
+                   (payload_chars, result_chars), call_timeout, answer_prompt,
+                   (request, select_tools, on_registry))
     try:
         for step in range(max_steps):
             if steps.take(run, step):
@@ -235,24 +235,19 @@ class _Steps:
     def __init__(self, session: Session, registry: ToolRegistry, servers: Mapping[str, McpServer],
                  tool_choice: str | Mapping[str, Any], max_tokens: int,
                  limits: tuple[int, int | None], call_timeout: float | None,
-                 answer_prompt: str | None) -> None:
+                 answer_prompt: str | None,
+                 shown: tuple[str, ToolSelector | None, Callable[[ToolRegistry], None] | None]
+                 ) -> None:
         self.session, self.registry, self.servers = session, registry, servers
+        self.request, self.select_tools, self.on_registry = shown  # what chooses the tools shown
         self.names: list[str] = []
         self.tools: list[dict[str, Any]] = []
-        self.request = ""  # the three below are set by show()
-        self.select_tools: ToolSelector | None = None
-        self.on_registry: Callable[[ToolRegistry], None] | None = None
         self.tool_choice, self.max_tokens = tool_choice, max_tokens
         self.limits, self.call_timeout = limits, call_timeout  # (payload_chars, result_chars)
         self.answer_prompt = answer_prompt
         self.done_calls: set[str] = set()
         self.answer_in_words = prose_answer(session.tokenizer)
-
-    def show(self, request: str, select_tools: ToolSelector | None,
-             on_registry: Callable[[ToolRegistry], None] | None) -> None:
-        """Choose the tools the steps show for ``request`` (taking any server's new list)."""
-        self.request, self.select_tools, self.on_registry = request, select_tools, on_registry
-        self.refresh(force=True)
+        self.refresh(force=True)  # the first step's tools, after any server's new list
 
     def refresh(self, *, force: bool = False) -> None:
         """Take the new tool lists of servers that said theirs changed (module docstring):

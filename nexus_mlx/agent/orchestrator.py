@@ -152,7 +152,8 @@ class Agent:
         """The router, built again over :attr:`registry` first when that differs from the
         router's (:func:`~nexus_mlx.routing.router.rebuilt_router`: only new tools are embedded)."""
         with self.lock:
-            if self.router.registry != self.registry:
+            current = self.router.registry
+            if current is not self.registry and current != self.registry:
                 self.router = rebuilt_router(self.router, self.registry)
             return self.router
 
