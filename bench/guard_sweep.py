@@ -19,7 +19,8 @@ This is exact up to timing noise: before the guard fires the guarded run decodes
 tokens from the same cache as the unguarded one. Per G and arm, over the benchmark's ``deep``
 requests (non-append, depth >= 1,024 tokens) and over every request: first-16 agreement, call
 agreement, fire rate, mean added milliseconds, and the speed-up over the prefix cache per edit
-class with the added heals counted. Writes ``results/guard_sweep[_T].json`` (+ PNG) and prints
+class, with the heals the guard adds before the first token (``speedup_ttft``) and with every
+heal it adds (``speedup_incl_guard``). Writes ``results/guard_sweep[_T].json`` (+ PNG) and prints
 the final JSON line; ``check`` compares a run made with a guard against the replay of G where
 both cover the same requests (``--check GUARDED.json ...``).
 """
@@ -74,14 +75,15 @@ def sweep_cell(records: list[dict[str, Any]], arm: str, guard: float) -> dict[st
                       "calls_compared": len(calls),
                       "fired": _mean([p["fire"] is not None for p in played]),
                       "added_ms": _mean([p["added_ms"] for p in played])}
-    out["speedup_incl_guard"] = {}
+    out["speedup_ttft"], out["speedup_incl_guard"] = {}, {}
     for cls in CLASSES:
         rows = [(r, p) for r, p in zip(records, replays, strict=True)
                 if is_deep(r) and r["edit"] == cls]
         if rows and "prefix" in rows[0][0]["arms"]:
             prefix = np.mean([r["arms"]["prefix"]["ttft_ms"] for r, _ in rows])
-            mine = np.mean([r["arms"][arm]["ttft_ms"] + p["added_ms"] for r, p in rows])
-            out["speedup_incl_guard"][cls] = float(prefix / mine)
+            for key, added in (("speedup_ttft", "step_ms"), ("speedup_incl_guard", "added_ms")):
+                mine = np.mean([r["arms"][arm]["ttft_ms"] + p[added] for r, p in rows])
+                out[key][cls] = float(prefix / mine)
     return out
 
 

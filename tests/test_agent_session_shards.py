@@ -98,3 +98,7 @@ def test_the_guard_sweep_scores_deep_requests_against_the_prefix_cache():
     assert on["deep"]["agree16"] == 1.0 and on["deep"]["calls_count"] == 2
     assert on["deep"]["fired"] == 0.5 and on["all"]["n"] == 3
     assert off["speedup_incl_guard"]["tools"] == 6.0 and on["speedup_incl_guard"]["tools"] == 4.8
+    assert on["speedup_ttft"]["tools"] == 4.8  # it fired at the first token: a TTFT cost
+    late = sweep_cell([record("tools", 2000, _arm([4.0, 0.3], diverge=1, agree16=False))],
+                      "repair-5", 0.5)
+    assert late["speedup_ttft"]["tools"] == 6.0 and late["speedup_incl_guard"]["tools"] == 4.0
