@@ -23,17 +23,19 @@ Arms, interleaved request by request (their order rotates):
   definition new to a session is spliced when an earlier trajectory computed it).
   ``--budgets 5,25,50`` names other budgets (one ``repair-<b>`` arm each) and ``--allocator``
   the repair allocator (default ``sur``): a fidelity-vs-budget sweep on the same requests.
-  ``--guard G`` gives the repair arms the session's close-call guard (every stale row healed
-  before a token whose top two logits are within ``G`` nats; off by default): a step's guard
-  counts in its TTFT, a decoding step's in ``decode_guard_ms`` (records: ``guarded`` and
-  ``decode_guarded`` rows).
+  ``--guard G`` sets the repair arms' close-call guard (every stale row healed before a token
+  whose top two logits are within ``G`` nats; the session's default
+  :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`, 0 turns it off): a step's guard counts in its
+  TTFT, a decoding step's in ``decode_guard_ms`` (records: ``guarded`` and ``decode_guarded``
+  rows).
 - ``--arms`` runs a subset of the three baselines (e.g. ``prefix,exact`` for a cheaper probe:
   fidelity is then judged against ``exact``, whose output equals re-prefill's — a tested
   equivalence; the JSON's ``reference`` names the arm).
 
 A repair arm's record also keeps each chosen token's top-2 logit margin (``margins``) and the
 first token index where its reply leaves the reference's (``diverge``, None: identical): what
-``bench/guard_sweep.py`` needs to replay any close-call guard threshold from a run without one.
+``bench/guard_sweep.py`` needs to replay any close-call guard threshold from a run without one
+(``--guard 0``).
 
 Per request and arm: TTFT (the step from the previous state to the first token's logits), tokens
 computed, the session's path, then ``--decode`` greedy tokens from the live cache (kept there,
@@ -93,7 +95,7 @@ from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.loop import openai_tool
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
-from nexus_mlx.agent.session import SESSION_ALLOCATORS, Session
+from nexus_mlx.agent.session import DEFAULT_GUARD, SESSION_ALLOCATORS, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, intended_calls, parse_tool_calls
@@ -491,8 +493,9 @@ def main() -> None:
                         help="repair budgets in percent, one repair-<b> arm each")
     parser.add_argument("--allocator", default="sur", choices=SESSION_ALLOCATORS,
                         help="the repair arms' allocator")
-    parser.add_argument("--guard", type=float, default=None, metavar="NATS",
-                        help="the repair arms' close-call guard (Session(guard=...); off)")
+    parser.add_argument("--guard", type=float, default=DEFAULT_GUARD, metavar="NATS",
+                        help="the repair arms' close-call guard (Session(guard=...); 0: off; "
+                             f"default {DEFAULT_GUARD})")
     parser.add_argument("--arms", default=",".join(BASE_ARMS),
                         help="the baseline arms to run besides the repair arms (a subset of "
                              f"{','.join(BASE_ARMS)}; the reference is reprefill, else exact)")
@@ -511,6 +514,9 @@ def main() -> None:
         parser.error(f"--arms takes a subset of {','.join(BASE_ARMS)} holding reprefill or exact")
     arm_names = (*base, *(f"repair-{b:g}" for b in budgets))
     reference = "reprefill" if "reprefill" in base else "exact"
+    if not 0 <= args.guard < float("inf"):
+        parser.error(f"--guard takes a number of nats >= 0 (0: off), got {args.guard}")
+    args.guard = args.guard or None  # recorded as None when off (what guard_sweep replays)
     if args.quick:
         args.n, args.requests, args.tools, args.decode = 1, 6, "3", 16
     tool_counts = [int(x) for x in str(args.tools).split(",")]

@@ -76,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "ServerSpec": "nexus_mlx.agent.mcp_server",
     "RadixArena": "nexus_mlx.agent.radix_arena",
     "Session": "nexus_mlx.agent.session",
+    "DEFAULT_GUARD": "nexus_mlx.agent.session",
     "StepReport": "nexus_mlx.agent.session",
     "ToolBlocks": "nexus_mlx.agent.tool_blocks",
     "save_session": "nexus_mlx.agent.session_file",
@@ -119,7 +120,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from nexus_mlx.agent.mcp_server import McpServer, ServerSpec
     from nexus_mlx.agent.orchestrator import Agent
     from nexus_mlx.agent.radix_arena import RadixArena
-    from nexus_mlx.agent.session import Session, StepReport
+    from nexus_mlx.agent.session import DEFAULT_GUARD, Session, StepReport
     from nexus_mlx.agent.session_file import load_session, save_session
     from nexus_mlx.agent.tool_blocks import ToolBlocks
     from nexus_mlx.blocks.atb import read_block, write_block

@@ -268,7 +268,7 @@ def test_healing_after_a_reply_leaves_the_next_request_an_exact_cache(tiny):
     replies = {}
     for policy, heal in (("repair", True), ("exact", False)):
         with running(*tiny, model_name="tiny", policy=policy, budget=10.0,
-                     heal_after_reply=heal) as server:
+                     heal_after_reply=heal, guard=None) as server:  # stale rows left to heal
             c = client(server)
             c.chat.completions.create(model="tiny", messages=first, max_tokens=1)
             edited = c.chat.completions.create(model="tiny", messages=first[2:], max_tokens=2)

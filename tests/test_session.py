@@ -12,7 +12,7 @@ from tiny_models import VOCAB, tiny_model
 
 import nexus_mlx.agent.cache_editor as editor_module
 import nexus_mlx.agent.session as session_module
-from nexus_mlx.agent.session import Session
+from nexus_mlx.agent.session import DEFAULT_GUARD, Session
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
 from nexus_mlx.models.forward import forward, make_cache
@@ -88,7 +88,7 @@ def test_a_repair_as_costly_as_a_reencode_reencodes(model, budget, path):
 
 def test_a_moved_span_is_reused_in_its_own_run(model):
     h = HISTORY.tolist()
-    s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16)
+    s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16, guard=None)
     s.step_ids(h)
     report = s.step_ids(h[:20] + h[100:150] + h[20:100] + h[150:] + [7])
     assert report.path == "repair" and "3 runs" in report.reason
@@ -127,7 +127,7 @@ def test_the_guard_heals_every_stale_row_before_a_close_call(model):
     off, _ = session(None)
     assert off.stale_rows > 100
     never, report = session(0.0)  # no margin is below 0: the guard never fires
-    assert report.guarded == 0 and never.stale_rows == off.stale_rows
+    assert report.guarded == 0 and never.stale_rows == off.stale_rows and never.guard is None
     assert np.array_equal(np.array(never.next_token_logits()), np.array(off.next_token_logits()))
     always, report = session(1e9)  # every token is a close call: the step ends exact
     assert report.guarded == off.stale_rows and report.stale == always.stale_rows == 0
@@ -139,6 +139,7 @@ def test_the_guard_heals_every_stale_row_before_a_close_call(model):
     for bad in (-1.0, float("inf"), float("nan"), True, "1"):
         with pytest.raises(ArgumentError, match="guard"):
             Session(model, None, guard=bad)
+    assert Session(model, None).guard == DEFAULT_GUARD  # on unless turned off
 
 
 def test_rejected_requests_leave_the_session_unchanged(model):

@@ -26,11 +26,11 @@ A moved row that is not recomputed stays *stale* (its K/V saw another context) u
 step recomputes it: every later step under policy ``repair`` (appends included) recomputes
 ``budget`` percent of the remaining stale rows in the same pass as its new tokens, chosen for
 that step's tokens, so a conversation heals as it goes; :attr:`Session.stale_rows` counts them.
-With ``guard`` set (nats; None, the default, is off) a close call is never decided on stale
-rows: when rows are stale and the next token's top two logits are within ``guard`` of each
-other (after a step, after each decoded token, and in ``generate`` under the turn's constraint),
-every stale row is healed first in one pass, and the token is chosen from exact logits
-(``StepReport.guarded`` / ``Reply.guarded`` count the rows).
+The close-call guard (``guard`` nats, :data:`DEFAULT_GUARD` by default; 0 or None turns it off)
+never lets a close call be decided on stale rows: when rows are stale and the next token's top
+two logits are within ``guard`` of each other (after a step, after each decoded token, and in
+``generate`` under the turn's constraint), every stale row is healed first in one pass, and the
+token is chosen from exact logits (``StepReport.guarded`` / ``Reply.guarded`` count the rows).
 
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
@@ -95,6 +95,14 @@ REENCODE_SHARE = 0.75
 Measured on SmolLM2 (``results/agent_session_budget_sweep.json``, trajectory 0's delete): repairs
 computing 85 / 149 / 252 rows took 479 / 722 / 1,144 ms, the re-encode of 277 rows 922 ms; the
 repair's time crosses the re-encode's near 200 rows, about three quarters of them."""
+DEFAULT_GUARD = 1.0
+"""The close-call guard's default threshold in nats (a top-2 gap under 1 nat: odds under e to
+1). Replayed over the 20-trajectory Qwen session run (``results/guard_sweep_qwen20.json``, from
+the unguarded margin shards; the replay matches real guard-1.0 runs on 60 requests), repair at
+5% over the 59 edits at depths >= 1K: first 16 greedy tokens equal to re-prefill's on all 59 and
+calls identical on 40 of 40, TTFT 8.3x / 3.9x / 3.8x lower than the prefix cache's (tools /
+delete / edit; 3.5x / 3.5x / 3.0x with the heals while decoding); it fires on about 70% of
+them. 0.35 is faster (16.7x / 4.3x / 6.4x) and lets one reply and one call of these through."""
 Policy = Literal["exact", "repair"]
 POLICIES: tuple[str, ...] = ("exact", "repair")
 # allocators that read only the stale block's text and the query (not a dirty twin cache)
@@ -118,7 +126,7 @@ class Session:
         min_reuse: int = 64,
         debug: bool = False,
         blocks: ToolBlocks | None = None,
-        guard: float | None = None,
+        guard: float | None = DEFAULT_GUARD,
     ) -> None:
         if policy not in POLICIES:
             raise ArgumentError(f"policy {policy!r} is not one of {POLICIES}")
@@ -134,7 +142,7 @@ class Session:
         self.model, self.tokenizer = model, tokenizer
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
-        self.guard = None if guard is None else float(guard)  # see the module docstring
+        self.guard = float(guard) if guard else None  # see the module docstring; 0: off
         limit = model_plan(model).max_position
         self.max_positions = int(limit) if limit is not None else MAX_POSITION + 1
         if blocks is not None:

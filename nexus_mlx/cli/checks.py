@@ -64,7 +64,7 @@ def percentage(value: float, option: str) -> float:
 
 
 def nats(value: float | None, option: str) -> float | None:
-    """A finite log-probability gap >= 0, or None (off)."""
+    """A finite log-probability gap >= 0 (0: off), or None (off)."""
     if value is not None and not 0 <= value < float("inf"):
         raise ArgumentError(f"{option} must be a number of nats >= 0, got {value:g}")
     return value

@@ -17,6 +17,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
 from nexus_mlx.errors import NexusError
 
@@ -107,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heal-after-reply", action="store_true",
                    help="(repair) after each reply, recompute the session's stale rows while "
                    "the client runs its tools, so the next request finds an exact cache")
-    p.add_argument("--guard", type=float, default=None, metavar="NATS",
+    p.add_argument("--guard", type=float, default=DEFAULT_GUARD, metavar="NATS",
                    help="(repair) heal a session's stale rows before any token whose top two "
-                   "logits are within NATS of each other (a close call); off by default")
+                   "logits are within NATS of each other (a close call); 0 turns it off "
+                   f"(default {DEFAULT_GUARD})")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

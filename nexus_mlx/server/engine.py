@@ -18,8 +18,9 @@ definitions are new to its session. Both calls block and are meant for worker th
   finds an exact cache while the client was busy (running the tools the reply asked for);
   requests on other sessions may wait behind it. Healed rows and failed heals are counted in
   ``stats()``; a failed heal leaves the session as it was (its transaction) and is not the
-  request's error. ``guard`` (nats; None: off) is the sessions' close-call guard: stale rows
-  are healed before a token whose top two logits are that close
+  request's error. ``guard`` (nats; default
+  :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
+  guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
 - ``complete(prepared, on_text, cancel)`` takes a pooled session (the one whose cache keeps the
   most of this conversation, :mod:`.pool`), generates under the request's constraint and
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
-from nexus_mlx.agent.session import Policy, Session
+from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import turn_constraint
@@ -75,7 +76,8 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, policy: Policy = "repair",
                  budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
                  max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True,
-                 heal_after_reply: bool = False, guard: float | None = None) -> None:
+                 heal_after_reply: bool = False,
+                 guard: float | None = DEFAULT_GUARD) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens

@@ -26,7 +26,7 @@ from typing import Any
 
 import uvicorn
 
-from nexus_mlx.agent.session import Policy
+from nexus_mlx.agent.session import DEFAULT_GUARD, Policy
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.app import build_app
 from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, Engine
@@ -61,7 +61,7 @@ class Server:
                  max_sessions: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  log_level: str = "warning", shutdown_grace_s: int = 2,
                  tool_blocks: bool = True, heal_after_reply: bool = False,
-                 guard: float | None = None) -> None:
+                 guard: float | None = DEFAULT_GUARD) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
