@@ -48,6 +48,7 @@ from report_format import (  # fmt, fmt_ci, fmt_pct: also the public number form
 from report_agents import (
     agent_run_section,
     function_calling_section,
+    guard_sweep_section,
     ir_hints_section,
     rerank_choice_section,
     routing_levers_section,
@@ -130,6 +131,10 @@ BENCHES: tuple[Bench, ...] = (
           variants=True),
     Bench("agent_session", "Live sessions: TTFT and fidelity by edit class", AGENTS,
           session_section, variants=True),
+    Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
+          guard_sweep_section, variants=True,
+          command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "
+          "--tag RUN"),
     Bench("server", "Server over HTTP vs mlx_lm.server", AGENTS, server_section),
     Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,
           agent_run_section, variants=True),

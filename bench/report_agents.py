@@ -167,3 +167,48 @@ def ir_hints_section(d: dict[str, Any]) -> list[str]:
                      fmt(", ".join(lengths))])
     return table(["IR variant", "n", "call accuracy", "95% CI",
                                    "argument accuracy", "median IR tokens"], rows)
+
+
+def guard_sweep_section(d: dict[str, Any]) -> list[str]:
+    """``guard_sweep``: each close-call guard threshold replayed over deep edits, per arm."""
+    rows = []
+    for arm in sorted_keys(mapping(d, "cells")):
+        by_guard = _dict(d, "cells", arm)
+        for guard in sorted(by_guard, key=_as_float):
+            cell = _dict(by_guard, guard)
+            deep = _dict(cell, "deep")
+            rows.append([arm, guard, _count(deep, "agree16_count", "n"),
+                         _count(deep, "calls_count", "calls_compared"),
+                         fmt(deep.get("fired"), ".2f"),
+                         _per_class(_dict(cell, "speedup_ttft")),
+                         _per_class(_dict(cell, "speedup_incl_guard"))])
+    checks = [f"{fmt(c.get('arm'))} at {fmt(c.get('guard'))} nats: {fmt(c.get('requests'))} "
+              f"requests, fired in both {fmt(c.get('fired_both'))}, only in the run "
+              f"{fmt(c.get('fired_only_run'))}, only in the replay "
+              f"{fmt(c.get('fired_only_replay'))}; first 16 identical {fmt(c.get('agree16_run'))} "
+              f"(run) / {fmt(c.get('agree16_replay'))} (replay)"
+              for c in records(d.get("checks"))]
+    head = ["Each threshold replayed from one run without the guard (per-token margins): deep "
+            "edits (non-append, depth >= 1,024 tokens); speed-ups over the prefix cache per "
+            "class (tools / delete / edit), with the heals the guard adds before the first "
+            "token (TTFT) and with every heal it adds (TTFT + decode).", ""]
+    tail = (["Replay checked against runs made with a guard: " + "; ".join(checks) + ".", ""]
+            if checks else [])
+    return head + table(["arm", "guard (nats)", "first 16 identical", "calls identical",
+                         "fired", "TTFT speed-up", "TTFT + decode heals"], rows) + tail
+
+
+def _as_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
+
+
+def _count(cell: dict[str, Any], hits: str, total: str) -> str:
+    return f"{fmt(cell.get(hits))}/{fmt(cell.get(total))}"
+
+
+def _per_class(speedups: dict[str, Any]) -> str:
+    cells = (fmt(speedups.get(c), ".1f") for c in ("tools", "delete", "edit"))
+    return " / ".join(c if c == "n/a" else c + "x" for c in cells)

@@ -11,6 +11,7 @@ from report import render_report
 from report_agents import (
     agent_run_section,
     function_calling_section,
+    guard_sweep_section,
     ir_hints_section,
     rerank_choice_section,
     routing_levers_section,
@@ -59,6 +60,14 @@ CHOICE = {"tune_set": "seal-tune", "k": 10, "chosen": {"weight": 2.0, "gated": T
                                  "choice": {"accuracy": 0.9, "ci": [0.83, 0.94]},
                                  "choice_fixed": 2, "choice_broke": 2, "escalated": 0.38,
                                  "choice_ms": 6500.0}}}
+SWEEP = {"cells": {"repair-5": {
+    "1.0": {"deep": {"n": 59, "agree16_count": 59, "calls_count": 40, "calls_compared": 40,
+                     "fired": 0.69}, "speedup_ttft": {"tools": 8.34, "delete": 3.86, "edit": 3.81},
+            "speedup_incl_guard": {"tools": 3.48, "delete": 3.47}},
+    "0.35": {"deep": {"n": 59, "agree16_count": 58}}}},
+    "checks": [{"guard": 1.0, "arm": "repair-5", "requests": 60, "fired_both": 25,
+                "fired_only_run": 3, "fired_only_replay": 0, "agree16_run": 60,
+                "agree16_replay": 60}]}
 
 CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 4.50 | 0.917 | "
                                     "0.750 (4) | 0.0123 | 210.5 |"),
@@ -79,6 +88,10 @@ CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 4
                                          "0.870 [0.79, 0.92] | 0.900 [0.83, 0.94] | +2 / -2 |"),
          (rerank_choice_section, CHOICE, "retrieval weight 2.0, gated"),
          (routing_levers_section, LEVERS, "| fused:0.4 | github@117 | 78 | 0.731 |"),
+         (guard_sweep_section, SWEEP, "| repair-5 | 1.0 | 59/59 | 40/40 | 0.69 | "
+                                      "8.3x / 3.9x / 3.8x | 3.5x / 3.5x / n/a |"),
+         (guard_sweep_section, SWEEP, "| repair-5 | 0.35 | 58/59 | n/a/n/a | n/a |"),
+         (guard_sweep_section, SWEEP, "fired in both 25, only in the run 3"),
          (ir_hints_section, HINTS, "| hints-48 | 12 | 0.750 | [0.470, 0.910] | 0.780 | "
                                    "github-mcp 36 |")]
 
@@ -101,10 +114,11 @@ def test_the_sections_appear_in_the_report(tmp_path: Path):
     folder = tmp_path / "results"
     folder.mkdir()
     for name, data in (("agent_session", SESSION), ("server", SERVER), ("agent_run", AGENT_RUN),
-                       ("function_calling_github", CALLS)):
+                       ("function_calling_github", CALLS), ("guard_sweep_qwen20", SWEEP)):
         (folder / f"{name}.json").write_text(json.dumps({"name": name, **data}))
     text = render_report(folder)
     agents = text[text.index("## Agents"): text.index("## Engineering")]
-    for title in ("Live sessions", "Server over HTTP", "Agent loop", "#### `function_calling_github`"):
+    for title in ("Live sessions", "Server over HTTP", "Agent loop", "#### `function_calling_github`",
+                  "Close-call guard"):
         assert title in agents
     assert "`agent_session`" not in text[text.index("## Missing"):]
