@@ -93,12 +93,14 @@ def _mean(values: list[Any]) -> float | None:
 
 def check(records: list[dict[str, Any]], guarded_files: list[str], arm: str
           ) -> dict[str, Any]:
-    """The replay of a guarded run's G against that run, on the requests both hold: requests
-    where the guard fired in one and not the other, and first-16 / call agreement of each."""
+    """The replay of a guarded run's G against that run, on the requests both hold (with
+    ``arm``: a guarded shard may have run fewer budgets): requests where the guard fired in one
+    and not the other, and first-16 / call agreement of each."""
     guarded, settings = load_records(guarded_files)
     guard = float(settings["guard"])
     mine = {(r["trajectory"], r["request"]): r for r in records}
-    pairs = [(mine[k], g) for g in guarded if (k := (g["trajectory"], g["request"])) in mine]
+    pairs = [(mine[k], g) for g in guarded
+             if (k := (g["trajectory"], g["request"])) in mine and arm in g["arms"]]
     fired_real = [bool(g["arms"][arm].get("guarded") or g["arms"][arm].get("decode_guarded"))
                   for _, g in pairs]
     played = [replay(r["arms"][arm], guard) for r, _ in pairs]

@@ -1,5 +1,7 @@
 """The session benchmark in shards: trajectory ranges, and merging shard results into one."""
 
+import json
+
 import pytest
 from agent_session import ARMS, merge_shards, summarize, trajectory_range
 
@@ -102,3 +104,20 @@ def test_the_guard_sweep_scores_deep_requests_against_the_prefix_cache():
     late = sweep_cell([record("tools", 2000, _arm([4.0, 0.3], diverge=1, agree16=False))],
                       "repair-5", 0.5)
     assert late["speedup_ttft"]["tools"] == 6.0 and late["speedup_incl_guard"]["tools"] == 4.0
+
+
+def test_the_guard_check_pairs_only_requests_that_ran_the_arm(tmp_path):
+    from guard_sweep import check
+
+    unguarded = [{"trajectory": 0, "request": r, "arms": {
+        "repair-2": _arm([0.5, 4.0], diverge=None), "repair-5": _arm([0.5, 4.0], diverge=None)}}
+        for r in (1, 2)]
+    guarded = {"guard": 1.0, "records": [  # a shard that ran repair-5 only
+        {"trajectory": 0, "request": 1, "arms": {"repair-5": {"guarded": 12, "agree16": True}}},
+        {"trajectory": 0, "request": 2, "arms": {"repair-5": {"guarded": 0, "agree16": True}}}]}
+    path = tmp_path / "guarded.json"
+    path.write_text(json.dumps(guarded))
+    five, two = check(unguarded, [str(path)], "repair-5"), check(unguarded, [str(path)], "repair-2")
+    assert (five["requests"], five["fired_both"], five["fired_only_replay"]) == (2, 1, 1)
+    assert five["agree16_run"] == five["agree16_replay"] == 2
+    assert two["requests"] == 0

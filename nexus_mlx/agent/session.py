@@ -98,11 +98,12 @@ repair's time crosses the re-encode's near 200 rows, about three quarters of the
 DEFAULT_GUARD = 1.0
 """The close-call guard's default threshold in nats (a top-2 gap under 1 nat: odds under e to
 1). Replayed over the 20-trajectory Qwen session run (``results/guard_sweep_qwen20.json``, from
-the unguarded margin shards; the replay matches real guard-1.0 runs on 60 requests), repair at
-5% over the 59 edits at depths >= 1K: first 16 greedy tokens equal to re-prefill's on all 59 and
-calls identical on 40 of 40, TTFT 8.3x / 3.9x / 3.8x lower than the prefix cache's (tools /
-delete / edit; 3.5x / 3.5x / 3.0x with the heals while decoding); it fires on about 70% of
-them. 0.35 is faster (16.7x / 4.3x / 6.4x) and lets one reply and one call of these through."""
+the unguarded margin shards), repair at 5% over the 59 edits at depths >= 1K: first 16 greedy
+tokens equal to re-prefill's on all 59 and calls identical on 40 of 40, TTFT 8.3x / 3.9x / 3.8x
+lower than the prefix cache's (tools / delete / edit; 3.5x / 3.5x / 3.0x with the heals while
+decoding); it fires on about 70% of them. Real guard-1.0 runs of the same 20 trajectories
+(``results/agent_session_qwen20_t*_guard1.json``) agree: 59 of 59, calls 39 of 39, TTFT 8.3x /
+4.0x / 3.9x. 0.35 is faster (16.7x / 4.3x / 6.4x) and lets one reply and one call through."""
 Policy = Literal["exact", "repair"]
 POLICIES: tuple[str, ...] = ("exact", "repair")
 # allocators that read only the stale block's text and the query (not a dirty twin cache)
