@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo
 from agent_session import _git_repository
 
 from nexus_mlx import load
-from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, run_agent
+from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, last_exchanges, run_agent
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
@@ -117,6 +117,16 @@ def main() -> None:
                         help="the loop's answer prompt shown after tool results")
     parser.add_argument("--only", default="",
                         help="comma-separated request indices to ask (default: all, in order)")
+    parser.add_argument("--system", default=None,
+                        help="a system prompt opening the conversation (default: none)")
+    parser.add_argument("--tool-choice", default="auto",
+                        help="the first step's tool_choice: auto, required or none (later steps "
+                             "are auto)")
+    parser.add_argument("--policy", default="repair", choices=("repair", "exact"),
+                        help="the live session's fidelity policy")
+    parser.add_argument("--max-requests", type=int, default=None,
+                        help="exchanges the conversation keeps, this one included (Agent's "
+                             "max_requests; default: all)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     answer_prompt = None if args.no_answer_prompt else args.answer_prompt
@@ -135,15 +145,18 @@ def main() -> None:
             if args.only:
                 items = [items[int(i)] for i in str(args.only).split(",")]
             items = items[: 2 if args.quick else None]
-            session = Session(model, tokenizer)
-            history: list[dict[str, Any]] = []
+            session = Session(model, tokenizer, policy=args.policy)
+            history: list[dict[str, Any]] = (
+                [{"role": "system", "content": args.system}] if args.system else [])
             records = []
             for request, expect in items:
                 asked_at = datetime.datetime.now(datetime.timezone.utc)
                 start = time.perf_counter()
+                if args.max_requests is not None:
+                    history = last_exchanges(history, args.max_requests - 1)
                 run = run_agent(session, history, request, registry, servers,
-                                max_steps=args.max_steps, max_tokens=args.max_tokens,
-                                answer_prompt=answer_prompt)
+                                tool_choice=args.tool_choice, max_steps=args.max_steps,
+                                max_tokens=args.max_tokens, answer_prompt=answer_prompt)
                 seconds = time.perf_counter() - start
                 history = run.messages
                 checks = check(run.answer, expect, asked_at,
@@ -167,7 +180,9 @@ def main() -> None:
                 server.close()
     name = "agent_run" + (f"_{args.tag}" if args.tag else "")
     emit(name, {**model_record(args.model, model), "answer_prompt": answer_prompt,
-                "records": records,
+                "system": args.system,
+                "tool_choice": args.tool_choice, "policy": args.policy,
+                "max_requests": args.max_requests, "records": records,
                 "correct": sum(r["correct"] for r in records), "n": len(records)}, args.quick)
 
 

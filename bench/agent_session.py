@@ -98,7 +98,8 @@ from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
 from nexus_mlx.agent.session import DEFAULT_GUARD, SESSION_ALLOCATORS, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
-from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, intended_calls, parse_tool_calls
+from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, parse_tool_calls
+from nexus_mlx.decode.prose_calls import intended_calls
 from nexus_mlx.metrics import next_token_kl, top2_margin
 from routing_eval import GITHUB_QUERIES
 

@@ -114,8 +114,12 @@ class _DescribesItsFirstCall(Session):
     """A session whose model, left free on its first turn, writes the call as JSON in prose (as
     Qwen2.5-Coder-0.5B does) instead of in the call format; every other turn is the model's."""
 
-    prose = ('To get the time, use `time.get_current_time`. Here is the JSON object for that:\n'
-             '{"name": "time.get_current_time", "arguments": {"timezone": "UTC"}}')
+    written_name = "time.get_current_time"
+
+    @property
+    def prose(self) -> str:
+        return ('To get the time, use `time.get_current_time`. Here is the JSON object for that:\n'
+                f'{{"name": "{self.written_name}", "arguments": {{"timezone": "UTC"}}}}')
 
     def generate(self, messages, tools=None, **kwargs):
         reply = super().generate(messages, tools, **kwargs)
@@ -125,10 +129,12 @@ class _DescribesItsFirstCall(Session):
         return reply
 
 
-def test_a_call_written_as_prose_is_made_in_the_format(default_model, time_server):
+@pytest.mark.parametrize("written_name", ["time.get_current_time", "get_current_time"])
+def test_a_call_written_as_prose_is_made_in_the_format(default_model, time_server, written_name):
     model, tokenizer = default_model
     registry, servers = time_server
     session = _DescribesItsFirstCall(model, tokenizer)
+    session.written_name = written_name  # a near name means the one offered tool it fits
     run = run_agent(session, [], "What is the current time in UTC?", registry, servers,
                     max_steps=2, max_tokens=64)
     assert run.regenerated[0] == "step 0: ['time.get_current_time'] written as text, forced"

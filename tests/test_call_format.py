@@ -19,15 +19,12 @@ from nexus_mlx.decode.call_format import (
     call_schema,
     checked_calls,
     grounded_calls,
-    intended_calls,
     normalized_messages,
     parse_tool_calls,
-    prose_answer,
     response_schema,
     textual_messages,
     turn_constraint,
 )
-from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.errors import ArgumentError, ToolError
 
 TIME = {"type": "function", "function": {
@@ -91,45 +88,6 @@ def test_grounded_calls_drop_optional_arguments_the_conversation_does_not_suppor
         ("get_time", {"timezone": "Asia/Tokyo"}, {})]          # required: never judged
     said = grounded_calls(turn, [TIME, LOG], "show me the last 10 commits")
     assert said.calls[0].arguments == {"max_count": 10} and said.calls[0].dropped == {}
-
-
-def test_calls_written_as_prose_are_found_for_offered_tools_only():
-    prose = ("To get the time, use `get_time`. Here's the JSON object for that:\n"
-             '{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}\n'
-             '{"timezone": "Asia/Tokyo", "datetime": "..."} then {"name": "rm", "arguments": {}}'
-             ' or {"name": "git_log", "arguments": "max 3"} {broken {"name": "get_time", '
-             '"arguments": {"timezone": "Asia/Tokyo"}}')
-    found = intended_calls(prose, ["get_time", "git_log"])
-    assert [(c.name, c.arguments) for c in found] == [("get_time", {"timezone": "Asia/Tokyo"}),
-                                                      ("git_log", {})]
-    assert parse_tool_calls(prose, ["get_time", "git_log"]).calls == []  # prose is not a call
-    tagged = f'{CALL_OPEN}{{"name": "get_time", "arguments": {{}}}}{CALL_CLOSE}'
-    assert intended_calls(tagged, ["get_time"]) == []  # calls in the format are not prose
-    assert intended_calls("no json here {", ["get_time"]) == []
-
-
-def test_a_prose_answer_opens_with_a_word(default_tokenizer):
-    import mlx.core as mx
-
-    process = prose_answer(default_tokenizer)
-    width = len(vocab_of(default_tokenizer).token_bytes)
-    first = np.asarray(process(mx.array([], dtype=mx.int32), mx.zeros((1, width))))[0]
-    for text in ('{"', " {", "[", "```", "(", "<"):
-        token = default_tokenizer.encode(text, add_special_tokens=False)[0]
-        assert first[token] == -np.inf, text
-    for text in ("The", " Here", "Yes", "19"):
-        assert first[default_tokenizer.encode(text, add_special_tokens=False)[0]] == 0, text
-    assert all(first[i] == -np.inf for i in vocab_of(default_tokenizer).eos_ids)
-    later = np.asarray(process(mx.array([5], dtype=mx.int32), mx.zeros((1, width))))[0]
-    assert (later == 0).all()  # only the first id is constrained
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list('<>/{}":, \n1') + ["tool_call", "name", "arguments", CALL_OPEN,
-                                                      CALL_CLOSE, "a"]), max_size=40))
-def test_intended_calls_never_raise(pieces):
-    for call in intended_calls("".join(pieces), ["a", "name"]):
-        assert call.name in ("a", "name") and isinstance(call.arguments, dict)
 
 
 @settings(max_examples=300, deadline=None)

@@ -23,10 +23,8 @@ Contract:
 - :func:`parse_tool_calls` splits a finished turn's text into its prose and its calls;
   :func:`checked_calls` keeps the calls that validate; :func:`grounded_calls` drops the optional
   arguments the conversation does not support (:mod:`~nexus_mlx.decode.grounding`).
-- :func:`intended_calls` names the offered tools a reply writes out as JSON in its prose (a small
-  model describing a call instead of making it), so a caller can ask for that call in the format;
-  :func:`prose_answer` is a logits processor for a turn that must answer in words: its first
-  token begins with a letter or a digit (not JSON, a fence or a call).
+- :func:`without_calls` is a reply's text with its calls in the format taken out (what
+  :mod:`~nexus_mlx.decode.prose_calls` reads for calls written as prose).
 - :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
   same format.
 
@@ -37,9 +35,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
@@ -47,7 +44,7 @@ import numpy as np
 
 from nexus_mlx.decode.grounding import Evidence, grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
-from nexus_mlx.decode.name_fsm import TokenVocab, mask_logits, vocab_of
+from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.placeholders import schema_errors
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError, ToolError
@@ -112,50 +109,9 @@ def _bare_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
     return found
 
 
-def intended_calls(text: str, names: Sequence[str]) -> list[ParsedCall]:
-    """The calls ``text`` writes as ``{"name": <an offered tool>, "arguments": {...}}`` objects
-    anywhere in its prose (outside call tags), in order, each distinct one once; arguments that
-    are not an object read as ``{}``. They are what the model meant, not checked calls."""
-    decoder = json.JSONDecoder()
-    offered, found = set(names), []
-    prose = _CALL.sub("", text)
-    index = prose.find("{")
-    while index != -1:
-        try:
-            value, end = decoder.raw_decode(prose, index)
-        except ValueError:
-            index = prose.find("{", index + 1)
-            continue
-        name = value.get("name") if isinstance(value, dict) else None
-        if isinstance(name, str) and name in offered:
-            arguments = value.get("arguments")
-            call = ParsedCall(name, dict(arguments) if isinstance(arguments, dict) else {})
-            if call not in found:
-                found.append(call)
-        index = prose.find("{", end)
-    return found
-
-
-@lru_cache(maxsize=8)
-def _prose_openers(vocab: TokenVocab) -> mx.array:
-    """``(V,)`` bool: the ids that may open a prose answer (see :func:`prose_answer`)."""
-    keep = np.array([raw.decode("utf-8", errors="replace").lstrip()[:1].isalnum()
-                     for raw in vocab.token_bytes], dtype=bool)
-    keep[sorted(vocab.special_ids)] = False
-    return mx.array(keep)
-
-
-def prose_answer(tokenizer: Any) -> Callable[[mx.array, mx.array], mx.array]:
-    """A logits processor ``(ids so far, logits (1, V)) -> logits`` that lets the first id only
-    be a token whose text (after leading whitespace) begins with a letter or a digit: not JSON,
-    a code fence, a call or any other punctuation, and no special token (the end of the turn
-    included: the answer is not empty). Later ids are free."""
-    openers = _prose_openers(vocab_of(tokenizer))
-
-    def process(ids: mx.array, logits: mx.array) -> mx.array:
-        return logits if ids.size else mask_logits(logits, openers)
-
-    return process
+def without_calls(text: str) -> str:
+    """``text`` with every call in the format (tags and contents) taken out, unstripped."""
+    return _CALL.sub("", text)
 
 
 def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
@@ -180,7 +136,7 @@ def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
             calls.append(ParsedCall(value["name"], arguments))
         except ValueError as exc:
             errors.append(f"{match.group(1)[:80]!r}: {exc}")
-    return ParsedTurn(_CALL.sub("", text).strip(), calls, errors)
+    return ParsedTurn(without_calls(text).strip(), calls, errors)
 
 
 def parameter_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
