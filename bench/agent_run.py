@@ -1,10 +1,12 @@
 """Multi-step agent requests answered over the live time and git MCP servers, checked against
 the servers' own facts.
 
-Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--answer-prompt TEXT] [--tag T]
-[--quick]`` starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with
-three commits and one modified file), then asks one conversation a list of requests (``--only``:
-those indices, in that order) through the agent loop
+Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--trials T] [--max-requests K]
+[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--tag T] [--quick]``
+starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with three commits
+and one modified file), then asks one conversation a list of requests (``--only``: those
+indices, in that order; ``--max-requests``: the exchanges it keeps, as ``Agent``'s option)
+through the agent loop
 (:func:`~nexus_mlx.agent.loop.run_agent`, the loop ``Agent.run`` drives; every live tool is
 shown, so no routing): each step generates in the model's own call format over one live
 :class:`~nexus_mlx.agent.session.Session`, executes the calls on the servers and appends the
@@ -13,8 +15,11 @@ independently of the model: the last commit's subject, the repository's modified
 three commit subjects, the time in Tokyo (at the last commit, which is dated long before the run,
 within two minutes; now, any minute from two before the request to two after its answer), and a
 fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
-server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings; the
-final line has ``correct`` (requests whose every check passed) and ``n``.
+server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings.
+``--trials`` repeats the conversation over a new repository each time: its path is in the
+requests, and a small model's choices change with such details, so one conversation is a noisy
+sample. The final line has ``correct`` (requests whose every check passed), ``n`` and
+``correct_per_trial``.
 """
 
 from __future__ import annotations
@@ -105,6 +110,63 @@ def check(answer: str, expect: dict[str, Any], asked_at: datetime.datetime,
     return out
 
 
+def _record(request: str, run: Any, checks: dict[str, bool], seconds: float,
+            trial: int) -> dict[str, Any]:
+    return {"trial": trial, "request": request, "answer": run.answer, "finish": run.finish,
+            "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
+                       "output": e.output[:300]} for e in run.executions],
+            "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
+            "regenerated": run.regenerated,
+            "steps": [{"path": s.path, "prompt_tokens": s.prompt_tokens, "reused": s.reused,
+                       "spliced": s.spliced, "repaired": s.repaired, "computed": s.computed,
+                       "seconds": s.timings.get("total")} for s in run.steps],
+            "seconds": seconds}
+
+
+def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict[str, Any]]:
+    """One conversation over a new repository (a new path each trial) and new servers: every
+    request asked in turn, each answer checked."""
+    answer_prompt = None if args.no_answer_prompt else args.answer_prompt
+    with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
+        repo = _git_repository(Path(tmp))
+        specs = {"time": installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
+                 "git": installed_server("mcp-server-git", "mcp_server_git", "--repository",
+                                         str(repo), namespace="git")}
+        servers = {name: McpServer(spec) for name, spec in specs.items()}
+        try:
+            for server in servers.values():
+                server.start()
+            registry = ToolRegistry([t for s in servers.values() for t in s.list_tools()])
+            items = requests_and_checks(repo)
+            if args.only:
+                items = [items[int(i)] for i in str(args.only).split(",")]
+            session = Session(model, tokenizer, policy=args.policy)
+            history: list[dict[str, Any]] = (
+                [{"role": "system", "content": args.system}] if args.system else [])
+            records = []
+            for request, expect in items[: 2 if args.quick else None]:
+                asked_at = datetime.datetime.now(datetime.timezone.utc)
+                start = time.perf_counter()
+                if args.max_requests is not None:
+                    history = last_exchanges(history, args.max_requests - 1)
+                run = run_agent(session, history, request, registry, servers,
+                                tool_choice=args.tool_choice, max_steps=args.max_steps,
+                                max_tokens=args.max_tokens, answer_prompt=answer_prompt)
+                seconds = time.perf_counter() - start
+                history = run.messages
+                checks = check(run.answer, expect, asked_at,
+                               datetime.datetime.now(datetime.timezone.utc))
+                records.append(_record(request, run, checks, seconds, trial))
+                print(f"[{trial}] {request!r}\n  calls: "
+                      f"{[(e.name, e.arguments, e.ok) for e in run.executions]}"
+                      f"\n  answer: {run.answer.strip()[:300]!r}\n  checks: {checks} "
+                      f"({seconds:.0f} s)", flush=True)
+            return records
+        finally:
+            for server in servers.values():
+                server.close()
+
+
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0] if __doc__ else "")
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
@@ -127,62 +189,21 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=None,
                         help="exchanges the conversation keeps, this one included (Agent's "
                              "max_requests; default: all)")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="conversations, each over a new repository at a new path")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    answer_prompt = None if args.no_answer_prompt else args.answer_prompt
     model, tokenizer = load(args.model)
-    with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
-        repo = _git_repository(Path(tmp))
-        specs = {"time": installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
-                 "git": installed_server("mcp-server-git", "mcp_server_git", "--repository",
-                                         str(repo), namespace="git")}
-        servers = {name: McpServer(spec) for name, spec in specs.items()}
-        try:
-            for server in servers.values():
-                server.start()
-            registry = ToolRegistry([t for s in servers.values() for t in s.list_tools()])
-            items = requests_and_checks(repo)
-            if args.only:
-                items = [items[int(i)] for i in str(args.only).split(",")]
-            items = items[: 2 if args.quick else None]
-            session = Session(model, tokenizer, policy=args.policy)
-            history: list[dict[str, Any]] = (
-                [{"role": "system", "content": args.system}] if args.system else [])
-            records = []
-            for request, expect in items:
-                asked_at = datetime.datetime.now(datetime.timezone.utc)
-                start = time.perf_counter()
-                if args.max_requests is not None:
-                    history = last_exchanges(history, args.max_requests - 1)
-                run = run_agent(session, history, request, registry, servers,
-                                tool_choice=args.tool_choice, max_steps=args.max_steps,
-                                max_tokens=args.max_tokens, answer_prompt=answer_prompt)
-                seconds = time.perf_counter() - start
-                history = run.messages
-                checks = check(run.answer, expect, asked_at,
-                               datetime.datetime.now(datetime.timezone.utc))
-                records.append({
-                    "request": request, "answer": run.answer, "finish": run.finish,
-                    "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
-                               "output": e.output[:300]} for e in run.executions],
-                    "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
-                    "regenerated": run.regenerated,
-                    "steps": [{"path": s.path, "prompt_tokens": s.prompt_tokens,
-                               "reused": s.reused, "spliced": s.spliced,
-                               "repaired": s.repaired, "computed": s.computed,
-                               "seconds": s.timings.get("total")} for s in run.steps],
-                    "seconds": seconds})
-                print(f"{request!r}\n  calls: {[(e.name, e.arguments, e.ok) for e in run.executions]}"
-                      f"\n  answer: {run.answer.strip()[:300]!r}\n  checks: {checks} "
-                      f"({seconds:.0f} s)", flush=True)
-        finally:
-            for server in servers.values():
-                server.close()
+    records = [r for trial in range(1 if args.quick else args.trials)
+               for r in conversation(model, tokenizer, args, trial)]
+    per_trial = [sum(r["correct"] for r in records if r["trial"] == t)
+                 for t in sorted({r["trial"] for r in records})]
     name = "agent_run" + (f"_{args.tag}" if args.tag else "")
-    emit(name, {**model_record(args.model, model), "answer_prompt": answer_prompt,
-                "system": args.system,
-                "tool_choice": args.tool_choice, "policy": args.policy,
-                "max_requests": args.max_requests, "records": records,
+    emit(name, {**model_record(args.model, model),
+                "answer_prompt": None if args.no_answer_prompt else args.answer_prompt,
+                "system": args.system, "tool_choice": args.tool_choice, "policy": args.policy,
+                "max_requests": args.max_requests, "trials": len(per_trial), "records": records,
+                "correct_per_trial": per_trial,
                 "correct": sum(r["correct"] for r in records), "n": len(records)}, args.quick)
 
 

@@ -92,16 +92,22 @@ def server_section(d: dict[str, Any]) -> list[str]:
 
 
 def agent_run_section(d: dict[str, Any]) -> list[str]:
-    """``agent_run``: each multi-step request, its calls and whether every check passed."""
-    rows = [[fmt(str(r.get("request", ""))[:70]),
-             fmt(", ".join(f"{c.get('name')}{'' if c.get('ok') else ' (refused)'}"
-                           for c in records(r.get("calls"))) or "none"),
-             fmt(str(r.get("answer", "")).strip().replace("\n", " ")[:90]),
-             fmt(r.get("correct")), fmt(r.get("seconds"), ".0f")]
+    """``agent_run``: each multi-step request, its calls and whether every check passed; with
+    several trials (conversations over new repositories), which trial each row is from."""
+    trials = d.get("trials") if isinstance(d.get("trials"), int) else 1
+    rows = [([fmt(r.get("trial"))] if trials > 1 else [])
+            + [fmt(str(r.get("request", ""))[:70]),
+               fmt(", ".join(f"{c.get('name')}{'' if c.get('ok') else ' (refused)'}"
+                             for c in records(r.get("calls"))) or "none"),
+               fmt(str(r.get("answer", "")).strip().replace("\n", " ")[:90]),
+               fmt(r.get("correct")), fmt(r.get("seconds"), ".0f")]
             for r in records(d.get("records"))]
-    head = [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests "
-                             "(every check against the servers' own facts passed).", ""]
-    return head + table(["request", "calls", "answer", "correct", "seconds"], rows)
+    over = (f" over {trials} conversations (per conversation: "
+            f"{', '.join(fmt(c) for c in d.get('correct_per_trial') or [])})" if trials > 1 else "")
+    head = [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests{over} "
+            "(every check against the servers' own facts passed).", ""]
+    columns = ["request", "calls", "answer", "correct", "seconds"]
+    return head + table((["trial"] if trials > 1 else []) + columns, rows)
 
 
 def function_calling_section(d: dict[str, Any]) -> list[str]:

@@ -41,6 +41,8 @@ AGENT_RUN = {"model": "qwen", "correct": 1, "n": 2, "records": [
     {"request": "Time in Tokyo?", "answer": "", "calls": [{"name": "get_current_time",
                                                          "ok": False}],
      "correct": False, "seconds": 12.0}]}
+AGENT_RUNS = {**AGENT_RUN, "trials": 2, "correct_per_trial": [1, 0],
+              "records": [{**r, "trial": t} for t, r in enumerate(AGENT_RUN["records"])]}
 CALLS = {"model": "qwen", "n": 78, "routing_accuracy": 0.8, "routing_accuracy_ci": [0.7, 0.87],
          "call_accuracy": 0.55, "argument_accuracy": 0.9, "schema_valid": 1.0,
          "specified_argument_accuracy": 0.93, "json_valid": 1.0,
@@ -80,6 +82,9 @@ CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 4
          (agent_run_section, AGENT_RUN, "| What changed in the last commit? | git_show | "
                                         "It added the README. | yes | 41 |"),
          (agent_run_section, AGENT_RUN, "get_current_time (refused)"),
+         (agent_run_section, AGENT_RUNS, "| 1 | Time in Tokyo? | get_current_time (refused) | "),
+         (agent_run_section, AGENT_RUNS, "1 of 2 requests over 2 conversations (per "
+                                         "conversation: 1, 0)"),
          (function_calling_section, CALLS, "| routing accuracy | 0.800 | [0.700, 0.870] | 0.85 |"),
          (function_calling_section, {**CALLS, "call_accuracy_ungrounded": 0.41,
                                      "call_accuracy_ungrounded_ci": [0.3, 0.52]},
