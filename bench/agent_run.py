@@ -11,8 +11,8 @@ through the agent loop
 shown, so no routing): each step generates in the model's own call format over one live
 :class:`~nexus_mlx.agent.session.Session`, executes the calls on the servers and appends the
 results, until the model answers in text. Each answer is checked against facts computed here,
-independently of the model: the last commit's subject, the repository's modified file, the
-three commit subjects, the time in Tokyo (at the last commit, which is dated long before the run,
+independently of the model: the last commit's subject, the repository's modified file (and no
+other of its files), the three commit subjects, the time in Tokyo (at the last commit, which is dated long before the run,
 within two minutes; now, any minute from two before the request to two after its answer), and a
 fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
 server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings.
@@ -78,12 +78,14 @@ def requests_and_checks(repo: Path) -> list[tuple[str, dict[str, Any]]]:
     committed = datetime.datetime.fromtimestamp(int(_git(repo, "log", "-1", "--format=%ct")),
                                                 TOKYO)
     last_file = subjects[0].split(":")[0].removeprefix("Add ").strip()
+    modified = _git(repo, "diff", "--name-only").splitlines()
+    unmodified = sorted(set(_git(repo, "ls-files").splitlines()) - set(modified))
     return [
         (f"What changed in the last commit of the git repository at {repo}, and what time was "
          "that in Tokyo?", {"contains": [last_file], "tokyo_time_at": committed}),
         ("What time is it in Tokyo right now?", {"tokyo_time_now": True}),
         (f"Which files are modified but not committed in the repository at {repo}?",
-         {"contains": ["parser.py"]}),
+         {"contains": modified, "excludes": unmodified}),
         (f"Show me the three most recent commit messages of the repository at {repo}.",
          {"contains": [s.split(":")[0].removeprefix("Add ").strip() for s in subjects]}),
         ("Convert 14:30 in America/New_York to Europe/London time.", {"contains_any": ["19:30",
@@ -99,6 +101,8 @@ def check(answer: str, expect: dict[str, Any], asked_at: datetime.datetime,
     out: dict[str, bool] = {}
     for needle in expect.get("contains", []):
         out[f"mentions {needle}"] = needle.lower() in text
+    for needle in expect.get("excludes", []):
+        out[f"does not name {needle}"] = needle.lower() not in text
     if "contains_any" in expect:
         out["mentions " + " or ".join(expect["contains_any"])] = any(
             n in text for n in expect["contains_any"])

@@ -50,3 +50,14 @@ def test_the_last_commit_is_dated_far_from_now(tmp_path):
     assert datetime.datetime.now(TOKYO) - committed > datetime.timedelta(days=1)
     assert check("It was 15:48 in Tokyo.", expect, MOMENT)["Tokyo time at the commit"]
     assert not check("It was 15:52 in Tokyo.", expect, MOMENT)["Tokyo time at the commit"]
+
+
+def test_the_modified_files_answer_names_the_modified_file_and_no_other(tmp_path):
+    """Listing every file of the repository must not pass for the one that is modified."""
+    repo = _git_repository(tmp_path)
+    expect = requests_and_checks(repo)[2][1]
+    assert expect == {"contains": ["parser.py"], "excludes": ["README.md", "login.py"]}
+    assert all(check("Only parser.py is modified.", expect, MOMENT).values())
+    listed = check("The files are login.py, parser.py and README.md.", expect, MOMENT)
+    assert listed["mentions parser.py"] and not listed["does not name login.py"]
+    assert not listed["does not name README.md"]
