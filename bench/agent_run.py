@@ -12,9 +12,9 @@ shown, so no routing): each step generates in the model's own call format over o
 :class:`~nexus_mlx.agent.session.Session`, executes the calls on the servers and appends the
 results, until the model answers in text. Each answer is checked against facts computed here,
 independently of the model: the last commit's subject, the repository's modified file (and no
-other of its files), the three commit subjects, the time in Tokyo (at the last commit, which is dated long before the run,
-within two minutes; now, any minute from two before the request to two after its answer), and a
-fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
+other of its files), the three commit subjects, the time in Tokyo (at the last commit, which is
+dated long before the run, within two minutes; now, any minute from two before the request to
+two after its answer), and a fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
 server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings.
 ``--trials`` repeats the conversation over a new repository each time: its path is in the
 requests, and a small model's choices change with such details, so one conversation is a noisy

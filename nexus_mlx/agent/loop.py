@@ -11,11 +11,11 @@ calls: ``finish`` is ``"answer"``, or ``"call_error"`` when the reply wrote a ca
 parse (``replies[-1].call_errors`` says why), or ``"length"`` when it was cut at ``max_tokens``
 (``"step_limit"``: the steps ran out). Two replies are asked again (``AgentRun.regenerated``
 lists each retry): one that writes a new call to an offered tool as JSON in its prose instead of
-in the call format (small models do; a slightly wrong name counts when it means one offered tool,
-:func:`~nexus_mlx.decode.prose_calls.resolved_name`) is regenerated with that tool forced (``tool_choice``
-naming it, or ``"required"`` for several), so the call is made and schema-valid; one that only
-repeats calls already executed, in the format or as text, is asked again for the answer, with
-``tool_choice "none"`` and a first token that must begin words
+in the call format (small models do; a slightly wrong name counts when it means one offered
+tool, :func:`~nexus_mlx.decode.prose_calls.resolved_name`) is regenerated with that tool forced
+(``tool_choice`` naming it, or ``"required"`` for several), so the call is made and schema-valid;
+one that only repeats calls already executed, in the format or as text, is asked again for the
+answer, with ``tool_choice "none"`` and a first token that must begin words
 (:func:`~nexus_mlx.decode.prose_calls.prose_answer`). A step that follows tool results sees one
 more user message at the end, ``answer_prompt`` (default
 :data:`DEFAULT_ANSWER_PROMPT`; None for none): small models that recite the call and its result
