@@ -14,8 +14,9 @@ results, until the model answers in text. Each answer is checked against facts c
 independently of the model: the last commit's subject, the repository's modified file (and no
 other of its files), the three commit subjects, the time in Tokyo (at the last commit, which is
 dated long before the run, within two minutes; now, any minute from two before the request to
-two after its answer), and a fixed time-zone conversion. The JSON records every request's calls (name, arguments, the
-server's verdict), answer, checks, the loop's retries (``regenerated``), steps and timings.
+two after its answer), and a fixed time-zone conversion. The JSON records every request's calls
+(name, arguments, the server's verdict), answer, checks, the loop's retries (``regenerated``),
+steps and timings.
 ``--trials`` repeats the conversation over a new repository each time: its path is in the
 requests, and a small model's choices change with such details, so one conversation is a noisy
 sample. The final line has ``correct`` (requests whose every check passed), ``n`` and
@@ -38,7 +39,7 @@ from zoneinfo import ZoneInfo
 from agent_session import _git_repository
 
 from nexus_mlx import load
-from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, last_exchanges, run_agent
+from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, AgentRun, last_exchanges, run_agent
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
@@ -114,7 +115,7 @@ def check(answer: str, expect: dict[str, Any], asked_at: datetime.datetime,
     return out
 
 
-def _record(request: str, run: Any, checks: dict[str, bool], seconds: float,
+def _record(request: str, run: AgentRun, checks: dict[str, bool], seconds: float,
             trial: int) -> dict[str, Any]:
     return {"trial": trial, "request": request, "answer": run.answer, "finish": run.finish,
             "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
@@ -130,7 +131,6 @@ def _record(request: str, run: Any, checks: dict[str, bool], seconds: float,
 def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict[str, Any]]:
     """One conversation over a new repository (a new path each trial) and new servers: every
     request asked in turn, each answer checked."""
-    answer_prompt = None if args.no_answer_prompt else args.answer_prompt
     with tempfile.TemporaryDirectory(prefix="nexus-agent-run-") as tmp:
         repo = _git_repository(Path(tmp))
         specs = {"time": installed_server("mcp-server-time", "mcp_server_time", namespace="time"),
@@ -155,7 +155,7 @@ def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict
                     history = last_exchanges(history, args.max_requests - 1)
                 run = run_agent(session, history, request, registry, servers,
                                 tool_choice=args.tool_choice, max_steps=args.max_steps,
-                                max_tokens=args.max_tokens, answer_prompt=answer_prompt)
+                                max_tokens=args.max_tokens, answer_prompt=args.answer_prompt)
                 seconds = time.perf_counter() - start
                 history = run.messages
                 checks = check(run.answer, expect, asked_at,
@@ -197,14 +197,15 @@ def main() -> None:
                         help="conversations, each over a new repository at a new path")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
+    if args.no_answer_prompt:
+        args.answer_prompt = None
     model, tokenizer = load(args.model)
-    records = [r for trial in range(1 if args.quick else args.trials)
-               for r in conversation(model, tokenizer, args, trial)]
-    per_trial = [sum(r["correct"] for r in records if r["trial"] == t)
-                 for t in sorted({r["trial"] for r in records})]
+    conversations = [conversation(model, tokenizer, args, trial)
+                     for trial in range(1 if args.quick else args.trials)]
+    records = [r for c in conversations for r in c]
+    per_trial = [sum(r["correct"] for r in c) for c in conversations]
     name = "agent_run" + (f"_{args.tag}" if args.tag else "")
-    emit(name, {**model_record(args.model, model),
-                "answer_prompt": None if args.no_answer_prompt else args.answer_prompt,
+    emit(name, {**model_record(args.model, model), "answer_prompt": args.answer_prompt,
                 "system": args.system, "tool_choice": args.tool_choice, "policy": args.policy,
                 "max_requests": args.max_requests, "trials": len(per_trial), "records": records,
                 "correct_per_trial": per_trial,
