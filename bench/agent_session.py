@@ -54,6 +54,12 @@ TTFT plus the guard's heals while decoding, the time the guard adds to a reply) 
 ``append``, ``tools``, ``delete``, ``edit`` (and ``deep``: the non-append classes at depth
 >= 1,024 tokens), plus every request's record.
 
+A trajectory ends before its first request whose prompt and reply (``--decode``, or
+``--call-tokens`` for a call) would pass the model's ``max_position_embeddings``: a session
+refuses such a prompt (our trim policy is the caller's, as an agent framework's is). The JSON's
+``cut`` lists each such request (trajectory, request, depth) and ``context_room`` the longest
+prompt that fit.
+
 A long run may go in shards: trajectories are drawn per index (the same trajectory ``i`` for
 any ``--n`` > ``i``), so ``--trajectories A:B`` runs indices ``A..B-1`` of the ``--n`` drawn, each
 shard alone on the machine and every request's arms still interleaved within it; then
@@ -101,6 +107,7 @@ from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import CALL_OPEN, ParsedCall, parse_tool_calls
 from nexus_mlx.decode.prose_calls import intended_calls
 from nexus_mlx.metrics import next_token_kl, top2_margin
+from nexus_mlx.models.arch import model_plan
 from routing_eval import GITHUB_QUERIES
 
 BASE_ARMS = ("reprefill", "prefix", "exact")
@@ -308,6 +315,13 @@ def make_arms(model: Any, tokenizer: Any, blocks: ToolBlocks | None,
     return arms
 
 
+def context_room(model: Any, decode: int, call_tokens: int) -> int | None:
+    """The longest prompt whose reply (``decode`` tokens, up to ``call_tokens`` for a call)
+    still fits the model's positions; None where the model names no limit."""
+    limit = model_plan(model).max_position
+    return None if limit is None else limit - max(decode, call_tokens)
+
+
 def divergence(tokens: list[int], reference: list[int]) -> int | None:
     """The first index where ``tokens`` leave ``reference`` (None: identical)."""
     for index, (a, b) in enumerate(zip(tokens, reference, strict=False)):
@@ -455,6 +469,8 @@ def merge_shards(shards: list[dict[str, Any]]) -> dict[str, Any]:
                if k in base},
             "trajectories": sorted(seen),
             "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
+            "cut": sorted((c for shard in shards for c in shard.get("cut", [])),
+                          key=lambda c: c["trajectory"]),
             "shards": [{"trajectories": sorted({r["trajectory"] for r in shard["records"]}),
                         "machine": shard.get("machine")} for shard in shards],
             "summary": summarize([r for r in records if r["request"] > 0], arms),
@@ -537,11 +553,18 @@ def main() -> None:
     # the repair arms share compiled tool blocks across trajectories, harvested from their caches
     blocks = (None if args.no_blocks else
               ToolBlocks(model, render.render, template_digest(tokenizer)))
-    records = []
+    records: list[dict[str, Any]] = []
+    cut: list[dict[str, int]] = []
+    room = context_room(model, args.decode, args.call_tokens)
     for trajectory in trajectories:
         arms = make_arms(model, tokenizer, blocks, budgets, args.allocator, args.guard, base)
         for r, request in enumerate(trajectory.requests):
             ids = np.array(render.render(request.messages, request.tools), np.int64)
+            if room is not None and ids.size > room:  # the trajectory ends where it cannot fit
+                cut.append({"trajectory": trajectory.index, "request": r, "depth": int(ids.size)})
+                print(f"traj {trajectory.index} ends before req {r}: depth {ids.size} + reply "
+                      f"passes the model's context (room {room})", flush=True)
+                break
             order = arm_names[r % len(arm_names):] + arm_names[: r % len(arm_names)]
             names = [tool["function"]["name"] for tool in request.tools]
 
@@ -590,6 +613,7 @@ def main() -> None:
                 "budgets": list(budgets), "allocator": args.allocator, "guard": args.guard,
                 "arms": list(arm_names), "reference": reference,
                 "depths": [min(r["depth"] for r in records), max(r["depth"] for r in records)],
+                "context_room": room, "cut": cut,
                 "summary": summary, "records": records}, args.quick)
     draw(summary, name, args.quick)
 

@@ -3,7 +3,9 @@
 import json
 
 import pytest
-from agent_session import ARMS, merge_shards, summarize, trajectory_range
+from agent_session import ARMS, context_room, merge_shards, summarize, trajectory_range
+
+from nexus_mlx.models.arch import model_plan
 
 SETTINGS = {"model": "m", "n_trajectories": 4, "requests": 3, "tools_per_trajectory": [3],
             "idle_heal": True, "tool_blocks": True, "decode_tokens": 16, "call_tokens": 96,
@@ -121,3 +123,17 @@ def test_the_guard_check_pairs_only_requests_that_ran_the_arm(tmp_path):
     assert (five["requests"], five["fired_both"], five["fired_only_replay"]) == (2, 1, 1)
     assert five["agree16_run"] == five["agree16_replay"] == 2
     assert two["requests"] == 0
+
+
+def test_merged_shards_keep_every_cut_trajectory():
+    cut = {"trajectory": 2, "request": 7, "depth": 8194}
+    merged = merge_shards([_shard([2, 3], cut=[cut]), _shard([0, 1])])  # an older shard: no cut
+    assert merged["cut"] == [cut]
+
+
+def test_context_room_leaves_the_reply_its_positions(tiny):
+    model = tiny
+    limit = model_plan(model).max_position
+    assert limit is not None
+    assert context_room(model, decode=24, call_tokens=96) == limit - 96
+    assert context_room(model, decode=200, call_tokens=96) == limit - 200
