@@ -152,23 +152,25 @@ class _Records(Session):
         return super().generate(messages, tools, **kwargs)
 
 
-@pytest.mark.parametrize("answer_prompt", [DEFAULT_ANSWER_PROMPT, "Answer briefly.", None])
+@pytest.mark.parametrize("answer_prompt", [DEFAULT_ANSWER_PROMPT, "Answer briefly.",
+                                           "Asked: {request} {x}", None])
 def test_the_answer_prompt_follows_tool_results_only_and_is_never_kept(
         default_model, time_server, answer_prompt):
     model, tokenizer = default_model
     registry, servers = time_server
     session = _Records(model, tokenizer)
-    run = run_agent(session, [], "What is the current time in UTC?", registry, servers,
-                    tool_choice="required", max_steps=2, max_tokens=48,
-                    answer_prompt=answer_prompt)
-    assert run.executions and session.shown[0][-1]["content"] == "What is the current time in UTC?"
+    request = "What is the current time in UTC?"
+    run = run_agent(session, [], f" {request}\n", registry, servers, tool_choice="required",
+                    max_steps=2, max_tokens=48, answer_prompt=answer_prompt)
+    assert run.executions and session.shown[0][-1]["content"] == f" {request}\n"
     after_results = session.shown[1]
     if answer_prompt is None:
         assert after_results[-1]["role"] == "tool"
     else:
-        assert after_results[-1] == {"role": "user", "content": answer_prompt}
+        shown = answer_prompt.replace("{request}", request)  # the request's text, stripped
+        assert after_results[-1] == {"role": "user", "content": shown}
         assert after_results[-2]["role"] == "tool"
-    assert all(m.get("content") != answer_prompt for m in run.messages if answer_prompt)
+        assert all(m.get("content") != shown for m in run.messages)
     assert [m["role"] for m in run.messages[:3]] == ["user", "assistant", "tool"]
 
 

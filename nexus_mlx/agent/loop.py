@@ -17,17 +17,17 @@ tool, :func:`~nexus_mlx.decode.prose_calls.resolved_name`) is regenerated with t
 one that only repeats calls already executed, in the format or as text, is asked again for the
 answer, with ``tool_choice "none"`` and a first token that must begin words
 (:func:`~nexus_mlx.decode.prose_calls.prose_answer`). A step that follows tool results sees one
-more user message at the end, ``answer_prompt`` (default
-:data:`DEFAULT_ANSWER_PROMPT`; None for none): small models that recite the call and its result
-as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to that step,
-never kept in ``messages``, so the next step or request removes it from the live cache (an edit
-the session repairs). Tool results older than the latest step and longer than ``payload_chars``
-are replaced by a short surrogate in the messages the session sees, an edit in the middle of the
-conversation that the session repairs instead of re-encoding; the latest results are shown up to
-``result_chars`` characters each (default :data:`DEFAULT_RESULT_CHARS`; the run's ``messages``
-keep them whole); while the calls run on their servers the session heals the rows its repairs
-left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an
-unknown tool, or that its server refuses or fails, becomes the tool's result text
+more user message at the end, ``answer_prompt`` (default :data:`DEFAULT_ANSWER_PROMPT`; None for
+none; ``{request}`` in it stands for the request's text): small models that recite the call and
+its result as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to
+that step, never kept in ``messages``, so the next step or request removes it from the live
+cache (an edit the session repairs). Tool results older than the latest step and longer than
+``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
+the middle of the conversation that the session repairs instead of re-encoding; the latest
+results are shown up to ``result_chars`` characters each (default :data:`DEFAULT_RESULT_CHARS`;
+the run's ``messages`` keep them whole); while the calls run on their servers the session heals
+the rows its repairs left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the
+model makes to an unknown tool, or that its server refuses or fails, becomes the tool's result text
 (``error: ...``), so the model can recover; the :class:`Execution` records say which calls
 succeeded. Any other failure (the model or the cache failed, a failed heal, a conversation that
 outgrew the context) propagates as it is while no call has run; after one has, it is raised as
@@ -63,8 +63,15 @@ from nexus_mlx.tools.tool import Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
 DEFAULT_RESULT_CHARS = 8000  # the latest results shown to the model: ~2-3K tokens each
+REQUEST_PLACEHOLDER = "{request}"
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
                          "call another tool if you still need one.")
+
+
+def answer_prompt_for(answer_prompt: str, request: str) -> str:
+    """``answer_prompt`` with each ``{request}`` replaced by the request's text (the only
+    placeholder; other braces stay as written)."""
+    return answer_prompt.replace(REQUEST_PLACEHOLDER, request.strip())
 
 
 @dataclass(frozen=True)
@@ -274,7 +281,8 @@ class _Steps:
         messages = run.messages
         visible = pruned(messages, _last_step_start(messages), *self.limits)
         if self.answer_prompt is not None and messages[-1].get("role") == "tool":
-            visible.append({"role": "user", "content": self.answer_prompt})
+            visible.append({"role": "user", "content": answer_prompt_for(self.answer_prompt,
+                                                                         self.request)})
         reply = self._reply(run, step, visible)
         run.replies.append(reply)
         run.steps.append(reply.report)
