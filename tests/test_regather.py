@@ -10,7 +10,8 @@ from cache_oracle import snapshot as bytes_of
 from tiny_models import VOCAB, tiny_model
 
 from nexus_mlx.errors import CacheError, PositionError
-from nexus_mlx.kv.regather import regather, restore, snapshot
+from nexus_mlx.kv import regather as regather_module
+from nexus_mlx.kv.regather import _pieces, regather, restore, snapshot
 from nexus_mlx.models.forward import forward, make_cache
 
 TOL = 1e-4
@@ -65,3 +66,38 @@ def test_restore_is_exact(model):
     forward(model, IDS[:5], cache)
     restore(cache, state)
     assert bytes_of(cache) == before
+
+
+def test_pieces_are_runs_of_consecutive_sources_then_zeros():
+    sources = np.array([0, 1, 2, -1, -1, 7, 8, 3, -1])
+    assert _pieces(sources, 12) == [(0, 3), (-1, 2), (7, 2), (3, 1), (-1, 4)]
+    assert _pieces(np.arange(5), 5) == [(0, 5)]
+    assert _pieces(np.array([], np.int64), 4) == [(-1, 4)]
+
+
+@pytest.mark.parametrize("v_layout", ["row", "transposed"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sliced_rebuild_equals_the_row_gather_and_never_writes_the_old_arrays(
+        model, monkeypatch, v_layout, seed):
+    rng = np.random.default_rng(seed)
+    runs = [np.arange(a, b) for a, b in ((0, 8), (8, 14), (14, 25), (25, 40))]
+    order = rng.permutation(len(runs))
+    sources = np.concatenate([np.concatenate([runs[i], [-1] * int(rng.integers(0, 3))])
+                              for i in order]).astype(np.int64)
+    positions = np.arange(sources.size)
+    built = {}
+    for max_slices in (regather_module.MAX_SLICES, 0):  # 0: every rebuild gathers rows
+        monkeypatch.setattr(regather_module, "MAX_SLICES", max_slices)
+        cache = make_cache(model, v_layout=v_layout)
+        forward(model, IDS, cache)
+        before, state = bytes_of(cache), snapshot(cache)
+        regather(cache, sources, positions)
+        kept = sources >= 0
+        built[max_slices] = [(np.array(cache.keys(layer))[:, :, kept],
+                              np.array(cache.values(layer))[:, :, kept])
+                             for layer in range(len(cache.rope_specs))]
+        restore(cache, state)
+        assert bytes_of(cache) == before
+    sliced, gathered = built.values()
+    for (k1, v1), (k2, v2) in zip(sliced, gathered, strict=True):
+        assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
