@@ -400,14 +400,17 @@ class NexusCache:
         if n == 0:
             return
         keep = np.r_[0:p0, p1:self.capacity]
-        idx = mx.array(keep.astype(np.int32))
         pad_k = mx.zeros((1, self.n_kv_heads, n, self.head_dim), self.dtype)
         pad_v = mx.zeros(self._v_shape(n), self.dtype)
-        v_axis = -1 if self.v_layout == "transposed" else 2
-        self._keys = [mx.concatenate([mx.take(k, idx, axis=2), pad_k], axis=2) for k in self._keys]
-        self._values = [
-            mx.concatenate([mx.take(v, idx, axis=v_axis), pad_v], axis=v_axis) for v in self._values
-        ]
+        # joined slices, not a row gather: a copy at memory speed
+        self._keys = [mx.concatenate([k[:, :, :p0], k[:, :, p1:], pad_k], axis=2)
+                      for k in self._keys]
+        if self.v_layout == "transposed":
+            self._values = [mx.concatenate([v[..., :p0], v[..., p1:], pad_v], axis=-1)
+                            for v in self._values]
+        else:
+            self._values = [mx.concatenate([v[:, :, :p0], v[:, :, p1:], pad_v], axis=2)
+                            for v in self._values]
         self._positions = np.concatenate([self._positions[keep], np.zeros(n, np.int64)])
         self._tokens = np.concatenate([self._tokens[keep], np.full(n, -1, np.int64)])
         self.n_past -= n
