@@ -46,6 +46,7 @@ import numpy as np
 from nexus_mlx.errors import CacheError, ModelMismatchError, PositionError
 from nexus_mlx.kv.checks import check_distinct, check_positions, checked_tokens, int_array, is_int
 from nexus_mlx.kv.rope import RopeSpec, reanchor
+from nexus_mlx.kv.row_backup import RowBackup
 
 V_LAYOUTS = ("row", "transposed")
 MAX_POSITION = 2**31 - 1
@@ -369,27 +370,15 @@ class NexusCache:
             raise CacheError(f"rows to save must lie in [0, n_past={self.n_past})")
         state = (self.n_past, self.capacity, self._positions.copy(), self._tokens.copy(),
                  list(self._keys), list(self._values))
-        saved: list[tuple[mx.array, mx.array]] = []
-        if saved_rows.size:
-            idx = mx.array(saved_rows.astype(np.int32))
-            v_axis = -1 if self.v_layout == "transposed" else 2
-            saved = [(mx.take(k, idx, axis=2), mx.take(v, idx, axis=v_axis))
-                     for k, v in zip(self._keys, self._values, strict=True)]
-            mx.eval(saved)
+        backup = (RowBackup.save(self._keys, self._values, saved_rows,
+                                 self.v_layout == "transposed") if saved_rows.size else None)
         try:
             yield
         except BaseException:
             (self.n_past, self.capacity, self._positions, self._tokens,
              self._keys, self._values) = state
-            if saved:
-                idx = mx.array(saved_rows.astype(np.int32))
-                for layer, (k, v) in enumerate(saved):
-                    self._keys[layer][:, :, idx, :] = k
-                    if self.v_layout == "transposed":
-                        self._values[layer][..., idx] = v
-                    else:
-                        self._values[layer][:, :, idx, :] = v
-                self.evaluate()
+            if backup is not None:
+                backup.put_back(self._keys, self._values)
             raise
 
     # ---- range operations ---------------------------------------------------------------
