@@ -112,7 +112,8 @@ def _rebuilt(array: mx.array, axis: int, pieces: list[tuple[int, int]]) -> mx.ar
             index = [slice(None)] * array.ndim
             index[axis] = slice(start, start + length)
             parts.append(array[tuple(index)])
-    return mx.concatenate(parts, axis=axis) if len(parts) > 1 else mx.array(parts[0])
+    # one piece: "* 1" copies it (an elementwise result owns its buffer; a slice would share)
+    return mx.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0] * 1
 
 
 def regather(cache: NexusCache, sources: Sequence[int] | np.ndarray,
