@@ -1,4 +1,4 @@
-"""One-gather rebuilds of a cache's rows: moved runs re-anchored (layer-0 keys equal a fresh
+"""One-copy rebuilds of a cache's rows: moved runs re-anchored (layer-0 keys equal a fresh
 prefill's, which depend only on token and position), values untouched, blanks written by the
 next forward pass, bad arguments refused with the cache unchanged, restore exact."""
 

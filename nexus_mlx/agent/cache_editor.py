@@ -9,7 +9,7 @@ inexact row (computed after one that was not recomputed in the same pass). Exact
 fresh prefill's; healing every inexact row in one pass makes the whole cache exact.
 
 - ``trim(keep)``: drop rows ``[keep, n_past)``.
-- ``move(sources)``: rebuild the rows in one gather (:func:`~nexus_mlx.kv.regather.regather`):
+- ``move(sources)``: rebuild the rows in one copy (:func:`~nexus_mlx.kv.regather.regather`):
   new row ``r`` copies old row ``sources[r]`` re-anchored, or is blank (``-1``); every copied row
   after the leading rows that stay in place (``sources[r] == r``) is inexact;
   ``flags_after_move(sources)`` says which rows a move would leave inexact, changing nothing.

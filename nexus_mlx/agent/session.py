@@ -9,7 +9,7 @@ own chat template (the assistant's turn opened), aligns it with the cached ids
 - ``append``: the cache holds a prefix of the request: only the new tokens are prefilled.
 - ``repair`` (policy ``repair``): after the common prefix, the runs of the old sequence that
   reappear (:class:`~nexus_mlx.agent.alignment.Run`: a message or tool definition kept, moved or
-  reordered) move to their new positions in one gather (:func:`~nexus_mlx.kv.regather.regather`:
+  reordered) move to their new positions in one copy (:func:`~nexus_mlx.kv.regather.regather`:
   deleted rows dropped, blank rows left for the inserted tokens, the runs' keys re-anchored as a
   splice does, paper 1). Then one packed forward pass computes the inserted tokens, the tail
   and ``budget`` percent of the stale rows (the allocator's choice for the new tokens as the

@@ -1,4 +1,4 @@
-"""Rebuilding a cache's live rows in one gather: moved runs, dropped rows, blank rows to fill.
+"""Rebuilding a cache's live rows in one copy: moved runs, dropped rows, blank rows to fill.
 
 Contract: ``regather(cache, sources, positions)`` replaces the live rows of ``cache``: new row
 ``r`` is a copy of old row ``sources[r]`` placed at ``positions[r]`` (its key re-rotated from the
@@ -12,7 +12,7 @@ delete, insert and move spans in one step; it runs no model.
 
 The new arrays are built from contiguous slices of the old ones (a run of consecutive sources
 is one slice; blank rows and the spare capacity are zeros), joined in one concatenation: a copy
-at memory speed, 3-4x faster on the CPU than a row gather. A rebuild of more than
+at memory speed, about 3x faster on the CPU than a row gather. A rebuild of more than
 :data:`MAX_SLICES` pieces (rows shuffled one by one) gathers rows instead.
 
 Keys are re-rotated once per row, by the difference between its new and old positions, in

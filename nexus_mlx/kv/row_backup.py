@@ -66,10 +66,10 @@ class RowBackup:
 
     def put_back(self, keys: list[mx.array], values: list[mx.array]) -> None:
         """Write the saved rows into ``keys`` / ``values`` (replacing their list items)."""
+        places = ([mx.array(self.gathered.astype(np.int32))] if self.gathered is not None
+                  else [slice(r0, r1) for r0, r1 in self.runs])
         for layer, copies in enumerate(self.saved):
             k_new, v_new = keys[layer], values[layer]
-            places = ([mx.array(self.gathered.astype(np.int32))] if self.gathered is not None
-                      else [slice(r0, r1) for r0, r1 in self.runs])
             for place, (k, v) in zip(places, copies, strict=True):
                 k_index: list[object] = [slice(None)] * k_new.ndim
                 k_index[2] = place
