@@ -53,6 +53,7 @@ from report_agents import (
     rerank_choice_section,
     routing_levers_section,
     server_section,
+    session_copies_section,
     session_section,
 )
 from report_sections import (
@@ -131,6 +132,8 @@ BENCHES: tuple[Bench, ...] = (
           variants=True),
     Bench("agent_session", "Live sessions: TTFT and fidelity by edit class", AGENTS,
           session_section, variants=True),
+    Bench("session_copies", "Live sessions: cache copies from slices vs row gathers", AGENTS,
+          session_copies_section),
     Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
           guard_sweep_section, variants=True,
           command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "

@@ -218,3 +218,23 @@ def _count(cell: dict[str, Any], hits: str, total: str) -> str:
 def _per_class(speedups: dict[str, Any]) -> str:
     cells = (fmt(speedups.get(c), ".1f") for c in ("tools", "delete", "edit"))
     return " / ".join(c if c == "n/a" else c + "x" for c in cells)
+
+
+def _median_ci(value: Any, spec: str) -> str:
+    """``median [lo, hi]`` from a ``[median, lo, hi]`` list, else ``n/a``."""
+    if isinstance(value, list) and len(value) == 3:
+        return f"{fmt(value[0], spec)} {fmt_ci(value[1:], spec)}"
+    return fmt(None)
+
+
+def session_copies_section(d: dict[str, Any]) -> list[str]:
+    """``session_copies``: session steps with cache copies from slices vs row gathers."""
+    rows = [[fmt(row.get("depth")), fmt(row.get("edit")), fmt(row.get("path")),
+             _median_ci(row.get("sliced_ms"), ".0f"), _median_ci(row.get("gathered_ms"), ".0f"),
+             _median_ci(row.get("gathered_over_sliced"), ".2f")]
+            for result in d.get("results") or [] if isinstance(result, dict)
+            for row in result.get("rows") or [] if isinstance(row, dict)]
+    return [f"{fmt(d.get('trials'))} interleaved rounds per edit; both modes' logits equal, "
+            "exact steps equal to a fresh prefill (checked before timing).", ""] + table(
+        ["depth", "edit", "path", "sliced ms [95% CI]", "gathered ms [95% CI]",
+         "gathered / sliced"], rows)
