@@ -11,6 +11,7 @@ when ``transposed``. It knows nothing of positions, tokens or models.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -20,15 +21,20 @@ MAX_RUNS = 64
 """Above this many runs of consecutive rows, a backup gathers rows instead of copying slices."""
 
 
+def intervals(rows: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive values in sorted ``rows`` as ``[(start, stop), ...]``."""
+    arr = np.asarray(rows, dtype=np.int64)
+    if arr.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [arr.size]])
+    return [(int(arr[a]), int(arr[b - 1]) + 1) for a, b in zip(starts, stops, strict=True)]
+
+
 def row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
     """The distinct ``rows`` as maximal half-open runs ``(r0, r1)``, ascending."""
-    unique = np.unique(rows)
-    if unique.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [unique.size]])
-    return [(int(unique[s]), int(unique[e - 1]) + 1) for s, e in zip(starts, ends, strict=True)]
+    return intervals(np.unique(rows))
 
 
 def _rows_of(array: mx.array, axis: int, r0: int, r1: int) -> mx.array:

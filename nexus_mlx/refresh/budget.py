@@ -9,12 +9,10 @@ maximal runs of consecutive rows, as half-open ``(start, stop)`` pairs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from fractions import Fraction
 
-import numpy as np
-
 from nexus_mlx.errors import ArgumentError
+from nexus_mlx.kv.row_backup import intervals  # noqa: F401  (re-exported: refresh's runs)
 
 
 def budget_tokens(suffix_length: int, budget_pct: float) -> int:
@@ -27,13 +25,3 @@ def budget_tokens(suffix_length: int, budget_pct: float) -> int:
         raise ArgumentError(f"budget must be a percentage in [0, 100], got {budget_pct!r}")
     return min(suffix_length, math.ceil(Fraction(suffix_length) * Fraction(budget_pct) / 100))
 
-
-def intervals(rows: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive values in sorted ``rows`` as ``[(start, stop), ...]``."""
-    arr = np.asarray(rows, dtype=np.int64)
-    if arr.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [arr.size]])
-    return [(int(arr[a]), int(arr[b - 1]) + 1) for a, b in zip(starts, stops, strict=True)]
