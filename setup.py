@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -44,10 +45,19 @@ class BuildShim(build_ext):
         return str(super().get_ext_filename(fullname))
 
 
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]+"([^"/]+)"', re.MULTILINE)
+
+
 def _source_id(path: str) -> str:
-    """The hash the loader compares (first 16 hex digits of the source's SHA-256)."""
+    """The hash the loader compares: first 16 hex digits of the SHA-256 of the source and of the
+    headers it includes with quotes from its own folder, in order (as
+    ``nexus_mlx._platform.cbuild.source_digest`` computes it; this script cannot import it)."""
     source = Path(__file__).resolve().parent / path
-    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    text = source.read_bytes()
+    digest = hashlib.sha256(text)
+    for name in _LOCAL_INCLUDE.findall(text):
+        digest.update((source.parent / name.decode()).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 ext_modules = []
@@ -56,6 +66,7 @@ if sys.platform.startswith("linux"):
         Extension(
             SHIM_MODULE,
             sources=[SHIM_SOURCE],
+            depends=["nexus_mlx/_platform/csrc/skinny_gemm.h"],
             define_macros=[("NEXUS_BLAS_SOURCE_ID", f'"{_source_id(SHIM_SOURCE)}"')],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )

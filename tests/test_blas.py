@@ -333,3 +333,70 @@ print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim}))
     )
     assert result["loaded"]
     assert result["shim"].startswith(str(tmp_path / "cache" / "nexus-mlx"))
+
+
+@linux_only
+def test_few_row_products_are_routed_to_the_skinny_kernel() -> None:
+    # A @ W.T with 2-4 rows of A, with k tails, n tails and alpha/beta, equals numpy and the
+    # same call on OpenBLAS; past 4 rows, with few columns instead of few rows, with W not
+    # transposed or narrow, OpenBLAS computes it.
+    result = run_child(
+        PRELUDE
+        + """
+from nexus_mlx._platform.blas import set_skinny_routing
+
+def few_row_cases():
+    for rows in (2, 3, 4):
+        for k, n in ((64, 64), (37, 101), (576, 130), (15, 67)):
+            a, w = rand((rows, k), np.float32), rand((n, k), np.float32)
+            yield f"{rows}x{k}x{n}", m(a), m(w).T, a @ w.T, True
+            yield f"{rows}x{k}x{n} few columns", m(w), m(a).T, w @ a.T, False
+    a, w = rand((5, 64), np.float32), rand((80, 64), np.float32)
+    yield "5 rows", m(a), m(w).T, a @ w.T, False
+    a, w = rand((3, 64), np.float32), rand((64, 80), np.float32)
+    yield "w not transposed", m(a), m(w), a @ w, False
+    a, w = rand((3, 64), np.float32), rand((40, 64), np.float32)
+    yield "narrow w", m(a), m(w).T, a @ w.T, False
+
+avx2 = __import__("platform").machine() == "x86_64"
+failures, routed = [], []
+for on in (True, False):
+    assert set_skinny_routing(on) == on
+    for name, x, y, expected, eligible in few_row_cases():
+        before = shim_call_counts()["sgemm_as_skinny"]
+        got = cpu_matmul(x, y)
+        routed.append((on, eligible, shim_call_counts()["sgemm_as_skinny"] - before))
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
+            failures.append((on, name))
+    a, w, c = rand((3, 96), np.float32), rand((70, 96), np.float32), rand((3, 70), np.float32)
+    out = np.array(mx.addmm(m(c), m(a), m(w).T, alpha=1.5, beta=-0.5, stream=mx.cpu))
+    if not np.allclose(out, 1.5 * (a @ w.T) - 0.5 * c, rtol=1e-4, atol=1e-4):
+        failures.append((on, "addmm"))
+print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
+                  "skinny": BLAS_STATUS.skinny_routing, "failures": failures, "routed": routed,
+                  "x86": avx2}))
+"""
+    )
+    assert result["loaded"], result["reason"]
+    assert result["skinny"] is True  # on by default
+    assert result["failures"] == []
+    assert all(n == 0 for on, eligible, n in result["routed"] if not on or not eligible)
+    with open("/proc/cpuinfo") as f:
+        has_avx2 = " avx2 " in f.read() if result["x86"] else False
+    eligible_on = [n for on, eligible, n in result["routed"] if on and eligible]
+    assert all(n == (1 if has_avx2 else 0) for n in eligible_on), eligible_on
+
+
+@linux_only
+def test_skinny_routing_can_be_off_from_the_start() -> None:
+    result = run_child(
+        PRELUDE
+        + """
+a, w = rand((3, 64), np.float32), rand((80, 64), np.float32)
+got = cpu_matmul(m(a), m(w).T)
+print(json.dumps({"skinny": BLAS_STATUS.skinny_routing, "ok": bool(np.allclose(got, a @ w.T, atol=1e-4)),
+                  "routed": shim_call_counts()["sgemm_as_skinny"]}))
+""",
+        {"NEXUS_MLX_SKINNY": "0"},
+    )
+    assert result == {"skinny": False, "ok": True, "routed": 0}

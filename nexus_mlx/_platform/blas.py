@@ -14,6 +14,12 @@ matrix for them (2-3x slower than one read of it); :func:`set_gemv_routing` turn
 on, ``NEXUS_MLX_GEMV=0`` keeps it off from the start. The product is the same either way (up to
 float32 summation order).
 
+Products with 2 to 4 rows against a weight matrix (``A @ W.T``: a forward of a few tokens, such
+as the drafted tokens a decoder verifies) go to ``csrc/skinny_gemm.h`` on CPUs with AVX2 + FMA,
+which reads each weight row once instead of packing the matrix; :func:`set_skinny_routing` turns
+that off and on, ``NEXUS_MLX_SKINNY=0`` keeps it off from the start. Also the same product up to
+float32 summation order.
+
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)
 then share both cores with a spinning thread (in a probe, one attention call over 2,048 keys took
@@ -49,12 +55,13 @@ from nexus_mlx._platform import cbuild as _cbuild
 from nexus_mlx.errors import BuildError
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "set_gemv_routing",
-           "shim_call_counts"]
+           "set_skinny_routing", "shim_call_counts"]
 
 ENV_VAR = "NEXUS_MLX_BLAS"
 THREAD_TIMEOUT_ENV_VAR = "OPENBLAS_THREAD_TIMEOUT"
 THREAD_TIMEOUT = "12"  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps
 GEMV_ENV_VAR = "NEXUS_MLX_GEMV"
+SKINNY_ENV_VAR = "NEXUS_MLX_SKINNY"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIM_NAME = "_blas_shim.so"
 _SHIM_SOURCE = _PACKAGE_DIR / "csrc" / "blas_shim.c"
@@ -85,6 +92,7 @@ class BlasStatus:
     shim: str | None = None
     config: str | None = None
     gemv_routing: bool = False  # one-row/one-column sgemm computed by sgemv (at load time)
+    skinny_routing: bool = False  # 2-4-row sgemm computed by skinny_gemm.h (at load time)
 
 
 _status: BlasStatus | None = None
@@ -92,10 +100,15 @@ _keep_alive: list[ctypes.CDLL] = []  # dlopen handles must outlive the process's
 _shim: ctypes.CDLL | None = None
 _sgemv_address: int | None = None
 _gemv_on = False
+_skinny_on = False
+
+
+def _off(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("0", "false", "no", "off")
 
 
 def _disabled_by_env() -> bool:
-    return os.environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "no", "off")
+    return _off(os.environ.get(ENV_VAR))
 
 
 def _load_openblas() -> tuple[ctypes.CDLL, str, str]:
@@ -202,8 +215,11 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
         shim.nexus_blas_set_sgemv.argtypes = [ctypes.c_void_p]
         shim.nexus_blas_set_sgemv.restype = None
         _sgemv_address = _address(openblas, f"{prefix}cblas_sgemv")
-    set_gemv_routing(os.environ.get(GEMV_ENV_VAR, "").strip().lower() not in ("0", "false", "no",
-                                                                              "off"))
+    set_gemv_routing(not _off(os.environ.get(GEMV_ENV_VAR)))
+    if hasattr(shim, "nexus_blas_set_skinny"):
+        shim.nexus_blas_set_skinny.argtypes = [ctypes.c_int]
+        shim.nexus_blas_set_skinny.restype = None
+        set_skinny_routing(not _off(os.environ.get(SKINNY_ENV_VAR)))
     # Check the global scope now resolves cblas_sgemm to the shim (an LD_PRELOADed BLAS would win).
     process = ctypes.CDLL(None)
     for g in _GEMMS:
@@ -253,6 +269,7 @@ def ensure_fast_blas() -> BlasStatus:
                 shim,
                 _openblas_config(openblas, prefix),
                 _gemv_on,
+                _skinny_on,
             )
         except Exception as exc:  # never break `import nexus_mlx` over a speed-up
             reason = f"no optimized BLAS for MLX ({exc}); MLX CPU matmul will be slow"
@@ -272,13 +289,27 @@ def set_gemv_routing(enabled: bool) -> bool:
     return _gemv_on
 
 
+def set_skinny_routing(enabled: bool) -> bool:
+    """Compute ``sgemm`` calls of 2-4 rows against a transposed weight matrix with the
+    shim's skinny kernel (``enabled``) or with OpenBLAS; return whether routing is now on (False
+    when the shim is not loaded or predates the kernel; the kernel itself declines on CPUs
+    without AVX2 + FMA)."""
+    global _skinny_on
+    if _shim is None or not hasattr(_shim, "nexus_blas_set_skinny"):
+        return False
+    _shim.nexus_blas_set_skinny(1 if enabled else 0)
+    _skinny_on = bool(enabled)
+    return _skinny_on
+
+
 def shim_call_counts() -> dict[str, int]:
     """Number of GEMM calls forwarded so far, e.g. ``{"sgemm": 3, "dgemm": 0, "cgemm": 0,
-    "sgemm_as_sgemv": 2}`` (the last: sgemm calls of those computed by sgemv).
+    "sgemm_as_sgemv": 2, "sgemm_as_skinny": 0}`` (the last two: sgemm calls of those computed
+    by sgemv, and by the skinny kernel).
 
     All zeros when the shim is not loaded.
     """
-    names = (*_GEMMS, "sgemm_as_sgemv")
+    names = (*_GEMMS, "sgemm_as_sgemv", "sgemm_as_skinny")
     if _shim is None:
         return {g: 0 for g in names}
     return {g: int(_shim.nexus_blas_call_count(i)) for i, g in enumerate(names)}

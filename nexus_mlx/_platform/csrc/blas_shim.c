@@ -16,11 +16,15 @@
  *     one-row product, 2-3x slower than reading it once in sgemv. With beta == 0 the output is
  *     zeroed first, so uninitialized memory (MLX's outputs) never reaches the result, whatever
  *     the library does with 0 * NaN. nexus_blas_set_sgemv(NULL) turns the routing off.
+ *   - A second exception, while nexus_blas_set_skinny(1) holds: an sgemm computing A * B^T for
+ *     2 to SKINNY_MAX_ROWS rows of A (a forward of a few tokens against a weight matrix) is
+ *     computed by skinny_gemm.h, which reads B once instead of packing it; where that kernel
+ *     declines (no AVX2 + FMA, another shape) sgemm runs. Same product up to summation order.
  *   - nexus_blas_source_id() returns the source hash it was built from (-DNEXUS_BLAS_SOURCE_ID,
  *     "unknown" without it), so the loader can tell a stale build from the current source.
  *   - nexus_blas_call_count(which) reports how many calls went through each forwarder
- *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv; -1 for anything
- *     else), so tests can prove MLX calls land here.
+ *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv, 4 = to the skinny
+ *     kernel; -1 for anything else), so tests can prove MLX calls land here.
  *
  * What it does not know: which library the pointers belong to, how it was loaded, or how
  * symbol resolution makes libmlx.so see these symbols (the loader dlopens this file with
@@ -33,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "skinny_gemm.h"
 
 #define NEXUS_EXPORT __attribute__((visibility("default")))
 
@@ -56,7 +62,8 @@ static sgemm_fn target_sgemm = NULL;
 static dgemm_fn target_dgemm = NULL;
 static cgemm_fn target_cgemm = NULL;
 static sgemv_fn target_sgemv = NULL; /* NULL: no routing of one-row/one-column products */
-static unsigned long long call_counts[4] = {0, 0, 0, 0};
+static int skinny_on = 0; /* route few-row products to skinny_gemm.h */
+static unsigned long long call_counts[5] = {0, 0, 0, 0, 0};
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
 
@@ -86,8 +93,12 @@ NEXUS_EXPORT void nexus_blas_set_sgemv(void *sgemv) {
     __atomic_store_n(&target_sgemv, (sgemv_fn)sgemv, __ATOMIC_RELEASE);
 }
 
+NEXUS_EXPORT void nexus_blas_set_skinny(int on) {
+    __atomic_store_n(&skinny_on, on ? 1 : 0, __ATOMIC_RELEASE);
+}
+
 NEXUS_EXPORT long long nexus_blas_call_count(int which) {
-    if (which < 0 || which > 3) {
+    if (which < 0 || which > 4) {
         return -1;
     }
     return (long long)__atomic_load_n(&call_counts[which], __ATOMIC_RELAXED);
@@ -143,6 +154,23 @@ static int sgemm_as_gemv(sgemv_fn gemv, int order, int trans_a, int trans_b, int
     return 1;
 }
 
+/*
+ * C = alpha * A * B^T + beta * C for 2..SKINNY_MAX_ROWS rows of A (skinny_gemm.h), in either
+ * order: a column-major call is the row-major product of the transposes, so its "A * B^T" with
+ * few columns n is the row-major B * A^T with few rows. Returns 0 where it does not apply.
+ */
+static int sgemm_as_skinny(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                           const float *a, int lda, const float *b, int ldb, float beta,
+                           float *c, int ldc) {
+    if (order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == TRANS) {
+        return skinny_sgemm_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    if (order == COL_MAJOR && trans_a == TRANS && trans_b == NO_TRANS) {
+        return skinny_sgemm_nt(n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+    }
+    return 0;
+}
+
 NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
                               float alpha, const float *a, int lda, const float *b, int ldb,
                               float beta, float *c, int ldc) {
@@ -155,6 +183,11 @@ NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n,
         sgemm_as_gemv(gemv, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                       ldc)) {
         count_call(3);
+        return;
+    }
+    if (__atomic_load_n(&skinny_on, __ATOMIC_ACQUIRE) &&
+        sgemm_as_skinny(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+        count_call(4);
         return;
     }
     target_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
