@@ -50,6 +50,7 @@ from report_agents import (
     function_calling_section,
     guard_sweep_section,
     ir_hints_section,
+    lookahead_section,
     rerank_choice_section,
     routing_levers_section,
     server_section,
@@ -74,6 +75,7 @@ from report_sections import (
     qa_section,
     routing_section,
     sidecar_section,
+    skinny_section,
     slb_section,
     ttft_section,
 )
@@ -134,6 +136,8 @@ BENCHES: tuple[Bench, ...] = (
           session_section, variants=True),
     Bench("session_copies", "Live sessions: cache copies from slices vs row gathers", AGENTS,
           session_copies_section),
+    Bench("lookahead", "Live sessions: copy drafts verified per pass", AGENTS,
+          lookahead_section, variants=True),
     Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
           guard_sweep_section, variants=True,
           command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "
@@ -144,6 +148,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("blas", "BLAS: MLX CPU matmul vs numpy", ENG, blas_section),
     Bench("engine", "Engine: prefill and decode vs mlx-lm", ENG, engine_section,
           variants=True),
+    Bench("skinny_gemm", "BLAS shim: few-row products, skinny kernel vs OpenBLAS", ENG,
+          skinny_section),
     Bench("slb_latency", "SLB scan latency and INT8 recall", ENG, slb_section),
     Bench("l0_radix", "L0 radix arena: warm-prefix reuse", ENG, l0_section),
     Bench("embedder", "Embedder throughput", ENG, embedder_section),

@@ -238,3 +238,17 @@ def session_copies_section(d: dict[str, Any]) -> list[str]:
             "exact steps equal to a fresh prefill (checked before timing).", ""] + table(
         ["depth", "edit", "path", "sliced ms [95% CI]", "gathered ms [95% CI]",
          "gathered / sliced"], rows)
+
+
+def lookahead_section(d: dict[str, Any]) -> list[str]:
+    """``lookahead``: session replies with copy drafts vs one id per pass."""
+    summary = mapping(d.get("summary"))
+    rows = [[name, fmt(s.get("n")), fmt(s.get("identical")), fmt(s.get("decode_ms_plain"), ".0f"),
+             fmt(s.get("decode_ms_drafted"), ".0f"), fmt(s.get("speedup"), ".2f"),
+             f"{fmt(s.get('accepted'))} / {fmt(s.get('drafted'))}",
+             fmt(s.get("ids_per_pass"), ".2f")]
+            for name, s in ((k, mapping(summary.get(k))) for k in sorted_keys(summary))]
+    return [f"Drafts of {fmt(d.get('draft'))} ids, replies of up to {fmt(d.get('max_tokens'))} ids,"
+            " arms interleaved on fresh sessions; decode time from the first id to the last.",
+            ""] + table(["replies", "n", "identical", "one id per pass ms", "drafted ms",
+                         "speed-up", "accepted / drafted", "ids per pass"], rows)

@@ -431,3 +431,17 @@ def micro_section(d: dict[str, Any]) -> list[str]:
             for b in sort_by(records(d.get("benchmarks")), "fullname", "name")]
     return table(["benchmark", "median us", "IQR us", "min us", "rounds", "median us per step"],
                  rows)
+
+
+def skinny_section(d: dict[str, Any]) -> list[str]:
+    """``skinny_gemm``: few-row products and short forwards, skinny kernel vs OpenBLAS."""
+    gemm = [[fmt(r.get("shape")), fmt(r.get("rows")), fmt(r.get("skinny_ms"), ".2f"),
+             fmt(r.get("openblas_ms"), ".2f"), f"{fmt(r.get('ratio'), '.2f')} "
+             f"{fmt_ci(r.get('ratio_ci'), '.2f')}"] for r in records(d.get("gemm"))]
+    fwd = [[fmt(r.get("tokens")), fmt(r.get("skinny_ms"), ".1f"), fmt(r.get("openblas_ms"), ".1f"),
+            f"{fmt(r.get('ratio'), '.2f')} {fmt_ci(r.get('ratio_ci'), '.2f')}"]
+           for r in records(d.get("forward"))]
+    return (["Products `x @ W.T` (ratio: OpenBLAS / skinny; past 4 rows both arms run OpenBLAS):",
+             ""] + table(["weights", "rows", "skinny ms", "OpenBLAS ms", "ratio [95% CI]"], gemm)
+            + ["", "Forward passes appended at depth 512, logits of every token:", ""]
+            + table(["tokens", "skinny ms", "OpenBLAS ms", "ratio [95% CI]"], fwd))

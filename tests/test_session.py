@@ -390,15 +390,17 @@ def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
     s.step_ids(HISTORY[:50])
     state, logits = live_snapshot(s.cache), np.array(s.next_token_logits())
 
-    real = editor_module.forward
+    real = editor_module.forward_tail
 
-    def broken(*args, **kwargs):  # fails after writing its row
+    def broken(*args, **kwargs):  # fails after writing its rows
         real(*args, **kwargs)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(editor_module, "forward", broken)
+    monkeypatch.setattr(editor_module, "forward_tail", broken)
     with pytest.raises(RuntimeError, match="injected"):
         s.advance(3)
+    with pytest.raises(RuntimeError, match="injected"):
+        s.editor.advance_many([3, 4, 5], 3)
     assert live_snapshot(s.cache) == state
     assert np.array_equal(np.array(s.next_token_logits()), logits)
 

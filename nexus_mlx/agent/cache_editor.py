@@ -42,7 +42,7 @@ import numpy as np
 
 from nexus_mlx.kv.regather import regather
 from nexus_mlx.kv.rope import reanchor
-from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.forward import forward, forward_tail, make_cache
 from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens
 from nexus_mlx.refresh.edit import Edit
@@ -155,10 +155,16 @@ class CacheEditor:
         """Append the row of one decoded ``token``; returns the next token's logits ``(V,)``.
         The row is inexact when any row before it is (it attended to them). On failure the
         cache and logits are as they were."""
+        return self.advance_many([token], 1)[0]
+
+    def advance_many(self, tokens: Sequence[int], tail: int) -> mx.array:
+        """Append the rows of ``tokens`` (a decoded token and drafts after it,
+        :mod:`~nexus_mlx.decode.lookahead`); returns the logits ``(tail, V)`` of the last
+        ``tail`` of them, the last as :attr:`logits`. Rows are flagged as :meth:`advance`
+        flags one; on failure the cache and logits are as they were."""
         keep, on_inexact = self.cache.n_past, bool(self._inexact.any())
         try:
-            logits = forward(self.model, [token], self.cache, logits="last")[0, -1]
-            mx.eval(logits)
+            logits = forward_tail(self.model, list(tokens), self.cache, tail)
         except BaseException:
             self.cache.trim(min(keep, self.cache.n_past))
             raise
@@ -166,8 +172,13 @@ class CacheEditor:
             flags = self.flags()
             flags[keep:] = True
             self.set_flags(flags)
-        self.logits = logits
+        self.logits = logits[-1]
         return logits
+
+    def drop(self, n: int, logits: mx.array) -> None:
+        """Remove the last ``n`` rows; ``logits`` are those of the row then last."""
+        self.trim(self.cache.n_past - n)
+        self.logits = logits
 
     def heal_rows(self, max_rows: int | None = None) -> np.ndarray:
         """The rows :meth:`heal` recomputes: the first ``max_rows`` inexact rows and the last

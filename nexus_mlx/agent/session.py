@@ -35,8 +35,10 @@ token is chosen from exact logits (``StepReport.guarded`` / ``Reply.guarded`` co
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
 top-1 agreement against a fresh prefill of the same ids). ``generate(messages, tools)`` steps,
-then decodes from the live cache; the reply's tokens stay cached, so the next request that
-carries the reply back is an append. Under policy ``exact`` every step's logits equal a fresh
+then decodes from the live cache (:mod:`~nexus_mlx.agent.session_decode`: where the reply copies
+the conversation, ``draft_tokens`` ids are drafted and verified per pass, the same reply sooner;
+0 turns it off); the reply's tokens stay cached, so the next request that carries the reply back
+is an append. Under policy ``exact`` every step's logits equal a fresh
 prefill's (fp32 rounding); under ``repair`` the reused block keeps the stale-context residual
 that its recomputed rows reduce.
 
@@ -62,6 +64,7 @@ import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
+from nexus_mlx.agent.session_decode import cut_at_stop, decode_reply
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.tool_blocks import ToolBlocks
@@ -78,7 +81,7 @@ from nexus_mlx.decode.call_format import (
     turn_constraint,
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
-from nexus_mlx.decode.name_fsm import mask_logits
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
 from nexus_mlx.errors import ArgumentError
@@ -128,6 +131,7 @@ class Session:
         debug: bool = False,
         blocks: ToolBlocks | None = None,
         guard: float | None = DEFAULT_GUARD,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> None:
         if policy not in POLICIES:
             raise ArgumentError(f"policy {policy!r} is not one of {POLICIES}")
@@ -144,6 +148,9 @@ class Session:
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
         self.guard = float(guard) if guard else None  # see the module docstring; 0: off
+        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
+            raise ArgumentError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
+        self.draft_tokens = draft_tokens  # copy drafts verified per decode pass; 0: off
         limit = model_plan(model).max_position
         self.max_positions = int(limit) if limit is not None else MAX_POSITION + 1
         if blocks is not None:
@@ -371,9 +378,14 @@ class Session:
     def _heal_before_close_call(self, logits: mx.array | None) -> int:
         """Heal every stale row when ``logits`` are a close call (see ``guard``); returns the
         stale rows healed (0: not a close call, no stale rows, or no guard)."""
+        return self.heal() if self.close_call(logits) else 0
+
+    def close_call(self, logits: mx.array | None) -> bool:
+        """Whether the guard heals before a token is chosen from ``logits``: rows are stale
+        and their top two are within ``guard`` nats."""
         if self.guard is None or logits is None or not self.editor.inexact_rows().size:
-            return 0
-        return self.heal() if top2_margin(logits) < self.guard else 0
+            return False
+        return bool(top2_margin(logits) < self.guard)
 
     def _compare_with_prefill(self, new: np.ndarray, report: StepReport) -> None:
         fresh = forward(self.model, new, make_cache(self.model), logits="last")[0, -1]
@@ -430,12 +442,12 @@ class Session:
         with self.lock:
             start = time.perf_counter()
             report = self.step(messages, tools)
-            out, finish, ttft, guarded = self._decode(constraint, max_tokens, tuple(stop),
-                                                      sampler or greedy, tuple(logits_processors),
-                                                      on_token, start)
+            out, finish, ttft, guarded, drafts = decode_reply(
+                self, constraint, max_tokens, tuple(stop), sampler or greedy,
+                tuple(logits_processors), on_token, start)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
-        text = _cut_at_stop(text, stop)
+        text = cut_at_stop(text, stop)
         calls_allowed = (bool(tools) and tool_choice != "none"
                          and (response_format is None or response_schema(response_format) is None))
         names = [function_of(tool)["name"] for tool in tools or ()]
@@ -446,53 +458,7 @@ class Session:
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
-                     parsed.errors, guarded)
-
-    def _decode(self, constraint: Any, max_tokens: int, stop: tuple[str, ...], sample: Sampler,
-                processors: tuple[LogitsProcessor, ...],
-                on_token: Callable[[int, str], None] | None, start: float
-                ) -> tuple[list[int], str, float, int]:
-        logits = self.next_token_logits()
-        out: list[int] = []
-        ttft, guarded = 0.0, 0
-        while True:
-            mask = constraint.allowed() if constraint is not None else None
-            row = logits[None]
-            for process in processors:
-                row = process(mx.array(out, dtype=mx.int32), row)
-            if mask is not None:
-                row = mask_logits(row, mx.array(mask))
-            healed = self._heal_before_close_call(row)
-            if healed:  # decide this close call on exact logits
-                guarded += healed
-                logits = self.next_token_logits()
-                continue
-            logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
-            token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
-            if constraint is not None:
-                token = constraint.restrain(token, row[0])
-            if not out:
-                ttft = time.perf_counter() - start
-            out.append(token)
-            if constraint is not None:
-                constraint.accept(token)
-            if token in self.eos_token_ids:
-                return out, "stop", ttft, guarded
-            if on_token is not None or stop:
-                text = self.tokenizer.decode(out)
-                if on_token is not None:
-                    on_token(token, text)
-                if stop and _cut_at_stop(text, stop) != text:
-                    return out, "stop_string", ttft, guarded
-            if len(out) >= max_tokens or self.cache.n_past + 1 >= self.max_positions:
-                return out, "length", ttft, guarded
-            logits = self.editor.advance(token)  # the close-call check runs on the masked row
-
-
-def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to the first occurrence of any stop string."""
-    cuts = [text.find(s) for s in stop if s and s in text]
-    return text[: min(cuts)] if cuts else text
+                     parsed.errors, guarded, drafts)
 
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nexus_mlx.decode.call_format import ParsedCall
+from nexus_mlx.decode.lookahead import LookaheadStats
 
 
 @dataclass
@@ -38,3 +39,4 @@ class Reply:
     tool_calls: list[ParsedCall] = field(default_factory=list)
     call_errors: list[str] = field(default_factory=list)  # calls that did not parse
     guarded: int = 0  # stale rows healed while decoding, before a close call (``guard``)
+    drafts: LookaheadStats = field(default_factory=LookaheadStats)  # copy drafts while decoding

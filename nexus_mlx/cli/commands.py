@@ -303,13 +303,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     max_sessions = checks.positive_int(args.max_sessions, "--max-sessions")
     max_tokens = checks.positive_int(args.max_tokens, "--max-tokens")
     guard = checks.nats(args.guard, "--guard")
+    draft_tokens = checks.non_negative_int(args.draft_tokens, "--draft-tokens")
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
         server = Server(model, tokenizer, model_name=args.model, host=host, sock=sock,
                         policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
                         max_sessions=max_sessions, max_tokens=max_tokens,
-                        heal_after_reply=args.heal_after_reply, guard=guard)
+                        heal_after_reply=args.heal_after_reply, guard=guard,
+                        draft_tokens=draft_tokens)
     except BaseException:
         sock.close()
         raise

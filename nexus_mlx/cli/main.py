@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import NexusError
 
 DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(repair) heal a session's stale rows before any token whose top two "
                    "logits are within NATS of each other (a close call); 0 turns it off "
                    f"(default {DEFAULT_GUARD})")
+    p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="N",
+                   help="where a reply copies its conversation (a quoted argument, a tool "
+                   "result), draft N tokens ahead and verify them in one pass: the same reply "
+                   f"sooner; 0 turns it off (default {DEFAULT_DRAFT_TOKENS})")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

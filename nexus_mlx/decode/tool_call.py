@@ -69,12 +69,14 @@ from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messa
 from nexus_mlx.decode.generate import Sampler, greedy
 from nexus_mlx.decode.grounding import grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, Lookahead
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.models.forward import forward, make_cache
+from nexus_mlx.models.arch import model_plan
+from nexus_mlx.models.forward import forward_tail, make_cache
 from nexus_mlx.models.tokenizer import chat_text
 from nexus_mlx.tools.ir import IROptions, tool_signature
 from nexus_mlx.tools.tool import Tool
@@ -138,6 +140,8 @@ class ToolCallResult:
     sampled_tokens: int = 0
     errors: tuple[str, ...] = field(default_factory=tuple)
     dropped: dict[str, Any] = field(default_factory=dict)  # ungrounded optional arguments
+    drafted_tokens: int = 0  # copied ids forwarded ahead of the decoder (lookahead)
+    accepted_tokens: int = 0  # of them, the ones the decoder chose
 
     @property
     def valid(self) -> bool:
@@ -218,27 +222,42 @@ def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
 
 
 class _Stream:
-    """The model side: tokens waiting to be forwarded, and logits once they are."""
+    """The model side: tokens waiting to be forwarded, and logits once they are. Tokens go
+    through a :class:`~.lookahead.Lookahead`: where the output copies the prompt (a value
+    quoted from the request), the copy is drafted and verified, several tokens per pass."""
 
-    def __init__(self, model: nn.Module, cache: NexusCache) -> None:
+    def __init__(self, model: nn.Module, cache: NexusCache, draft_tokens: int) -> None:
         self.model, self.cache = model, cache
         self.pending: list[int] = []
         self.logits: mx.array | None = None
+        limit = model_plan(model).max_position
+        room = None if limit is None else (lambda: int(limit) - cache.next_position)
+        self.lookahead = Lookahead(self._run, self._drop, [], max_draft=draft_tokens, room=room)
+
+    def _run(self, ids: list[int], tail: int) -> mx.array:
+        return forward_tail(self.model, ids, self.cache, tail)
+
+    def _drop(self, n: int, logits: mx.array) -> None:
+        self.cache.trim(self.cache.n_past - n)
 
     def push(self, tokens: Sequence[int]) -> None:
         self.pending.extend(int(t) for t in tokens)
         self.logits = None if tokens else self.logits
 
     def next_logits(self) -> mx.array:
-        if self.logits is None or self.pending:
-            self.logits = forward(self.model, self.pending, self.cache, logits="last")
+        """Logits ``(1, 1, V)`` after every token pushed."""
+        if self.pending:
+            self.logits = self.lookahead.feed(self.pending)[None, None]
             self.pending = []
+        assert self.logits is not None, "nothing pushed yet"
         return self.logits
 
     def settle(self) -> None:
-        """Forward every pending token but the last (the cache convention of the module)."""
+        """Forward every pending token but the last (the cache convention of the module) and
+        drop unconfirmed drafts."""
         if len(self.pending) > 1:
-            mx.eval(forward(self.model, self.pending[:-1], self.cache, logits="last"))
+            self.lookahead.feed(self.pending[:-1], draft=False)
+        self.lookahead.close()
         self.pending = []
 
 
@@ -263,12 +282,15 @@ def generate_tool_call(
     optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
     quoted: str | None = None,
     ground_optional: bool = True,
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring).
     ``quoted``: the text the call answers (the request, tool results): values found in it are
     never refused as placeholders (:mod:`~nexus_mlx.decode.placeholders`), and with
     ``ground_optional`` an optional argument it does not support is dropped from the call
-    (:mod:`~nexus_mlx.decode.grounding`; reported in ``result.dropped``)."""
+    (:mod:`~nexus_mlx.decode.grounding`; reported in ``result.dropped``). ``draft_tokens``:
+    ids drafted per pass where the call copies its prompt (:mod:`~nexus_mlx.decode.lookahead`;
+    the call is the same, sooner; 0: one id per pass)."""
     if not tools:
         raise ArgumentError("generate_tool_call needs at least one candidate tool")
     by_name = {t.qualified_name: t for t in tools}
@@ -282,7 +304,7 @@ def generate_tool_call(
     sampler = sampler or greedy
     cache = cache if cache is not None else make_cache(model)
     vocab = vocab_of(tokenizer)
-    stream = _Stream(model, cache)
+    stream = _Stream(model, cache, draft_tokens)
     start = time.perf_counter()
     name_tokens: list[int] = []
     name_us: list[float] = []
@@ -400,6 +422,8 @@ def generate_tool_call(
         sampled_tokens=sampled,
         errors=tuple(errors),
         dropped=dropped,
+        drafted_tokens=stream.lookahead.stats.drafted,
+        accepted_tokens=stream.lookahead.stats.accepted,
     )
 
 

@@ -420,6 +420,21 @@ def forward(
     return out
 
 
+def forward_tail(model: nn.Module, tokens: TokenInput, cache: NexusCache, tail: int) -> mx.array:
+    """Append ``tokens`` at the cursor like :func:`forward` and return the logits ``(tail,
+    vocab)`` of the last ``tail`` of them (1 <= tail <= len(tokens)), evaluated: a decoder's
+    verify pass (:mod:`~nexus_mlx.decode.lookahead`) needs the logits of its drafted tokens
+    only, not of a prompt fed in the same pass."""
+    n = len(tokens)
+    if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= n:
+        raise TokenError(f"tail must be an integer in [1, {n}], got {tail!r}")
+    h = forward_hidden(model, tokens, cache) if tail > 1 else _run(
+        model, tokens, cache, None, None, None, None, PREFILL_CHUNK, True, True, None)
+    logits = lm_head(model, h[:, -tail:])[0]
+    mx.eval(logits)
+    return logits
+
+
 def decode_step(model: nn.Module, token: mx.array, cache: NexusCache) -> mx.array:
     """Append one token given as a lazy integer array of shape ``(1,)`` (a sampler's output)
     at the cursor and return its logits ``(1, 1, vocab)``, without reading the token on the

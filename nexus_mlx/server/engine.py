@@ -52,6 +52,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import turn_constraint
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
@@ -77,11 +78,13 @@ class Engine:
                  budget: float = 5.0, max_sessions: int = 8, cache_budget: int = 2 << 30,
                  max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True,
                  heal_after_reply: bool = False,
-                 guard: float | None = DEFAULT_GUARD) -> None:
+                 guard: float | None = DEFAULT_GUARD,
+                 draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
         self.policy, self.budget, self.guard = policy, budget, guard
+        self.draft_tokens = draft_tokens
         self.heal_after_reply = bool(heal_after_reply) and policy == "repair"
         # the renderer checks the policy and budget once; it never steps
         self.blocks: ToolBlocks | None = None
@@ -99,7 +102,7 @@ class Engine:
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
-                       blocks=self.blocks, guard=self.guard)
+                       blocks=self.blocks, guard=self.guard, draft_tokens=self.draft_tokens)
 
     # ---- checking -----------------------------------------------------------------------
     def prepare(self, request: ChatRequest, arrived: float | None = None) -> Prepared | ApiError:

@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.app import build_app
 from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, Engine
@@ -61,7 +62,8 @@ class Server:
                  max_sessions: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  log_level: str = "warning", shutdown_grace_s: int = 2,
                  tool_blocks: bool = True, heal_after_reply: bool = False,
-                 guard: float | None = DEFAULT_GUARD) -> None:
+                 guard: float | None = DEFAULT_GUARD,
+                 draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -70,7 +72,8 @@ class Server:
         self.engine = Engine(model, tokenizer, policy=policy, budget=budget,
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
-                             heal_after_reply=heal_after_reply, guard=guard)
+                             heal_after_reply=heal_after_reply, guard=guard,
+                             draft_tokens=draft_tokens)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")

@@ -1,0 +1,104 @@
+"""The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>`.
+
+Contract: ``decode_reply(session, constraint, max_tokens, stop, sample, processors, on_token,
+start)`` decodes from the session's live cache, after a step, one token at a time under the
+turn's ``constraint`` (None: free text): the logits processors, then the constraint's mask,
+then the close-call guard (stale rows healed first, the token chosen from exact logits), then
+the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
+returned last), a ``stop`` string in the decoded text (``"stop_string"``), ``max_tokens`` or the
+model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
+drafts)`` (``drafts``: the :class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply).
+Every id but the last is then cached and the session's next-token logits are those after it.
+
+Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` with the
+session's ``draft_tokens``: where the reply copies its conversation (an argument quoted from
+the request, an answer quoting a tool result) the copy is drafted and verified, several ids
+per forward pass; the ids chosen are those of one-id steps (up to float32 rounding), and drafts
+not confirmed are dropped before the guard heals and when the loop ends. It holds no state of
+its own; the session's lock is the caller's to hold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from nexus_mlx.decode.generate import LogitsProcessor
+from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
+from nexus_mlx.decode.name_fsm import mask_logits
+
+if TYPE_CHECKING:
+    from nexus_mlx.agent.session import Sampler, Session
+
+
+def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
+                 sample: Sampler, processors: tuple[LogitsProcessor, ...],
+                 on_token: Callable[[int, str], None] | None, start: float
+                 ) -> tuple[list[int], str, float, int, LookaheadStats]:
+    """Decode one reply (module docstring)."""
+    editor = session.editor
+    lookahead = Lookahead(editor.advance_many, editor.drop, session.tokens,
+                          max_draft=session.draft_tokens,
+                          room=lambda: session.max_positions - 1 - session.cache.n_past)
+    try:
+        return (*_decode(session, lookahead, constraint, max_tokens, stop, sample, processors,
+                         on_token, start), lookahead.stats)
+    finally:
+        lookahead.close()  # the cache ends at the last id fed, as without drafts
+
+
+def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens: int,
+            stop: tuple[str, ...], sample: Sampler, processors: tuple[LogitsProcessor, ...],
+            on_token: Callable[[int, str], None] | None, start: float
+            ) -> tuple[list[int], str, float, int]:
+    logits = session.next_token_logits()
+    out: list[int] = []
+    ttft, guarded = 0.0, 0
+    while True:
+        row = _masked_row(logits, out, constraint, processors)
+        if session.close_call(row):  # decide this close call on exact logits
+            lookahead.close()
+            guarded += session.heal()
+            logits = session.next_token_logits()
+            continue
+        logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
+        token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
+        if constraint is not None:
+            token = constraint.restrain(token, row[0])
+        if not out:
+            ttft = time.perf_counter() - start
+        out.append(token)
+        if constraint is not None:
+            constraint.accept(token)
+        if token in session.eos_token_ids:
+            return out, "stop", ttft, guarded
+        if on_token is not None or stop:
+            text = session.tokenizer.decode(out)
+            if on_token is not None:
+                on_token(token, text)
+            if stop and cut_at_stop(text, stop) != text:
+                return out, "stop_string", ttft, guarded
+        held = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
+        if len(out) >= max_tokens or held + 1 >= session.max_positions:
+            return out, "length", ttft, guarded
+        logits = lookahead.feed([token])
+
+
+def _masked_row(logits: mx.array, out: list[int], constraint: Any,
+                processors: tuple[LogitsProcessor, ...]) -> mx.array:
+    """The next id's logits ``(1, V)`` after the processors and the constraint's mask."""
+    mask = constraint.allowed() if constraint is not None else None
+    row = logits[None]
+    for process in processors:
+        row = process(mx.array(out, dtype=mx.int32), row)
+    return mask_logits(row, mx.array(mask)) if mask is not None else row
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to the first occurrence of any stop string."""
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[: min(cuts)] if cuts else text
