@@ -148,7 +148,7 @@ def main() -> None:
     name = "lookahead" + (f"_{args.tag}" if args.tag else "")
     summary = {k: summarize(v) for k, v in records.items()}
     draw(summary, name, args.quick)
-    emit(name, {"model": model_record(args.model, model), "draft": args.draft,
+    emit(name, {**model_record(args.model, model), "draft": args.draft,
                 "max_tokens": args.max_tokens, "summary": summary, "records": records,
                 "seconds": time.perf_counter() - started, "loadavg": os.getloadavg()},
          args.quick)

@@ -242,12 +242,12 @@ def session_copies_section(d: dict[str, Any]) -> list[str]:
 
 def lookahead_section(d: dict[str, Any]) -> list[str]:
     """``lookahead``: session replies with copy drafts vs one id per pass."""
-    summary = mapping(d.get("summary"))
+    summary = mapping(d, "summary")
     rows = [[name, fmt(s.get("n")), fmt(s.get("identical")), fmt(s.get("decode_ms_plain"), ".0f"),
              fmt(s.get("decode_ms_drafted"), ".0f"), fmt(s.get("speedup"), ".2f"),
              f"{fmt(s.get('accepted'))} / {fmt(s.get('drafted'))}",
              fmt(s.get("ids_per_pass"), ".2f")]
-            for name, s in ((k, mapping(summary.get(k))) for k in sorted_keys(summary))]
+            for name, s in ((k, mapping(summary, k)) for k in sorted_keys(summary))]
     return [f"Drafts of {fmt(d.get('draft'))} ids, replies of up to {fmt(d.get('max_tokens'))} ids,"
             " arms interleaved on fresh sessions; decode time from the first id to the last.",
             ""] + table(["replies", "n", "identical", "one id per pass ms", "drafted ms",

@@ -149,7 +149,7 @@ def main() -> None:
     step_cost = {str(r["tokens"]): float(r["skinny_ms"]) / float(one) for r in fwd}
     step_cost_off = {str(r["tokens"]): float(r["openblas_ms"]) / float(one) for r in fwd}
     draw(gemm, fwd, args.quick)
-    emit("skinny_gemm", {"model": model_record(args.model, model), "trials": trials,
+    emit("skinny_gemm", {**model_record(args.model, model), "trials": trials,
                          "gemm": gemm, "forward": fwd, "step_cost": step_cost,
                          "step_cost_openblas": step_cost_off,
                          "seconds": time.perf_counter() - started,
