@@ -130,3 +130,21 @@ def test_session_replies_are_the_same_with_and_without_drafts(tiny, default_toke
                        atol=1e-4)
     with pytest.raises(ArgumentError):
         Session(tiny, default_tokenizer, draft_tokens=-1)
+
+
+def test_plain_generation_with_drafts_equals_the_pipelined_loop(tiny) -> None:
+    from nexus_mlx.decode.generate import GenerationStats, generate_tokens
+    from nexus_mlx.models.forward import make_cache
+
+    prompt = [11, 12, 13, 14] * 6
+    runs = []
+    for draft in (0, 3):
+        cache, stats = make_cache(tiny), GenerationStats()
+        ids = list(generate_tokens(tiny, prompt, cache, max_tokens=30, stats=stats,
+                                   draft_tokens=draft))
+        runs.append((ids, cache, stats))
+    (plain, plain_cache, _), (drafted, cache, stats) = runs
+    assert drafted == plain and len(plain) == 30
+    assert cache.n_past == plain_cache.n_past == len(prompt) + 29  # all but the last id
+    assert np.array_equal(cache.tokens[: cache.n_past], plain_cache.tokens[: cache.n_past])
+    assert stats.accepted_tokens > 0 and stats.drafted_tokens >= stats.accepted_tokens

@@ -8,7 +8,9 @@ renders the chat template) and return a :class:`Generation` with timings. Sample
 processors are plain callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``,
 ``processor(tokens, logits)``), so ``mlx_lm.sample_utils.make_sampler`` plugs in directly.
 Greedy by default; ``greedy_continuation`` returns the greedy ids as a list (the one greedy
-decode the CLI and the benchmarks share).
+decode the CLI and the benchmarks share). ``draft_tokens`` > 0 (off by default here) decodes with
+copy drafts (:mod:`~nexus_mlx.decode.lookahead`): the same ids, fewer passes where the output
+copies its context.
 
 It evaluates arrays (it is the executor of a decode loop); it knows nothing about tools.
 """
@@ -23,8 +25,10 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
+from nexus_mlx.decode.lookahead import Lookahead
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.models.forward import decode_step, forward, make_cache
+from nexus_mlx.models.arch import model_plan
+from nexus_mlx.models.forward import decode_step, forward, forward_tail, make_cache
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 
 Sampler = Callable[[mx.array], mx.array]
@@ -42,6 +46,8 @@ class GenerationStats:
     generated_tokens: int = 0
     ttft_s: float = 0.0  # prompt submitted -> first token sampled
     decode_s: float = 0.0  # first token -> last token
+    drafted_tokens: int = 0  # copy drafts forwarded (``draft_tokens`` > 0)
+    accepted_tokens: int = 0  # of them, the ids sampled
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -90,6 +96,7 @@ def generate_tokens(
     sampler: Sampler | None = None,
     logits_processors: Sequence[LogitsProcessor] = (),
     stats: GenerationStats | None = None,
+    draft_tokens: int = 0,
 ) -> Iterator[int]:
     """Prefill ``prompt_tokens`` into ``cache`` and yield up to ``max_tokens`` sampled ids.
 
@@ -98,13 +105,20 @@ def generate_tokens(
     ``mx.async_eval`` before the current token is read, so the host never waits between steps.
     A step started for a token that turns out to end the generation (an end-of-sequence id, or
     the consumer stopping) is taken back (``cache.trim``), so the cache ends as documented.
-    Processors read the token history on the host, so with them every step is sequential."""
+    Processors read the token history on the host, so with them every step is sequential.
+    ``draft_tokens`` > 0 drafts up to that many ids per pass where the output copies its
+    context (:mod:`~nexus_mlx.decode.lookahead`: the same ids, fewer passes where a copy is
+    under way; a sequential loop, no pipelining)."""
     sampler = sampler or greedy
     eos = eos_token_ids or set()
     stats = stats if stats is not None else GenerationStats()
     history = list(prompt_tokens)
     stats.prompt_tokens = len(history)
     start = time.perf_counter()
+    if draft_tokens:
+        yield from _drafted(model, cache, history, sampler, logits_processors, max_tokens, eos,
+                            stats, start, draft_tokens)
+        return
     logits = forward(model, history, cache, logits="last")
     token = _sample(logits, history, sampler, logits_processors)
     if logits_processors:
@@ -166,6 +180,52 @@ def _sequential(
         tok = _read(_sample(logits, history, sampler, processors))
 
 
+def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int) -> Lookahead:
+    """A :class:`~.lookahead.Lookahead` that appends to ``cache`` at its cursor (and trims
+    rejected drafts), drafting at most ``draft_tokens`` ids and never past the model's
+    positions."""
+    limit = model_plan(model).max_position
+    room = None if limit is None else (lambda: int(limit) - cache.next_position)
+    return Lookahead(lambda ids, tail: forward_tail(model, ids, cache, tail),
+                     lambda n, _logits: cache.trim(cache.n_past - n), [],
+                     max_draft=draft_tokens, room=room)
+
+
+def _drafted(
+    model: nn.Module,
+    cache: NexusCache,
+    history: list[int],
+    sampler: Sampler,
+    processors: Sequence[LogitsProcessor],
+    max_tokens: int,
+    eos: set[int],
+    stats: GenerationStats,
+    start: float,
+    draft_tokens: int,
+) -> Iterator[int]:
+    """The loop with copy drafts: every id goes through a :class:`~.lookahead.Lookahead`."""
+    lookahead = cache_lookahead(model, cache, draft_tokens)
+    try:
+        logits = lookahead.feed(history)
+        first = 0.0
+        for count in range(1, max_tokens + 1):
+            tok = _read(_sample(logits[None, None], history, sampler, processors))
+            if count == 1:
+                stats.ttft_s = time.perf_counter() - start
+                first = time.perf_counter()
+            stats.generated_tokens = count
+            stats.decode_s = time.perf_counter() - first
+            yield tok
+            if tok in eos or count == max_tokens:
+                return
+            history.append(tok)
+            logits = lookahead.feed([tok])
+    finally:
+        lookahead.close()  # the cache ends at the last id fed, as without drafts
+        stats.drafted_tokens = lookahead.stats.drafted
+        stats.accepted_tokens = lookahead.stats.accepted
+
+
 def greedy_continuation(
     model: nn.Module,
     prompt_tokens: Sequence[int],
@@ -189,8 +249,10 @@ def generate(
     max_tokens: int = 256,
     sampler: Sampler | None = None,
     logits_processors: Sequence[LogitsProcessor] = (),
+    draft_tokens: int = 0,
 ) -> Generation:
-    """Generate a completion of ``prompt`` (text or token ids); stops at end-of-sequence."""
+    """Generate a completion of ``prompt`` (text or token ids); stops at end-of-sequence.
+    ``draft_tokens``: as :func:`generate_tokens`'s."""
     tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     cache = cache if cache is not None else make_cache(model)
     stats = GenerationStats()
@@ -198,7 +260,7 @@ def generate(
     out = list(
         generate_tokens(
             model, tokens, cache, max_tokens=max_tokens, eos_token_ids=eos, sampler=sampler,
-            logits_processors=logits_processors, stats=stats,
+            logits_processors=logits_processors, stats=stats, draft_tokens=draft_tokens,
         )
     )
     text_tokens = out[:-1] if out and out[-1] in eos else out

@@ -66,17 +66,16 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
-from nexus_mlx.decode.generate import Sampler, greedy
+from nexus_mlx.decode.generate import Sampler, cache_lookahead, greedy
 from nexus_mlx.decode.grounding import grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
-from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, Lookahead
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.decode.name_fsm import NameFSM, mask_logits, vocab_of
 from nexus_mlx.decode.placeholders import check_arguments
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
-from nexus_mlx.models.arch import model_plan
-from nexus_mlx.models.forward import forward_tail, make_cache
+from nexus_mlx.models.forward import make_cache
 from nexus_mlx.models.tokenizer import chat_text
 from nexus_mlx.tools.ir import IROptions, tool_signature
 from nexus_mlx.tools.tool import Tool
@@ -227,18 +226,9 @@ class _Stream:
     quoted from the request), the copy is drafted and verified, several tokens per pass."""
 
     def __init__(self, model: nn.Module, cache: NexusCache, draft_tokens: int) -> None:
-        self.model, self.cache = model, cache
         self.pending: list[int] = []
         self.logits: mx.array | None = None
-        limit = model_plan(model).max_position
-        room = None if limit is None else (lambda: int(limit) - cache.next_position)
-        self.lookahead = Lookahead(self._run, self._drop, [], max_draft=draft_tokens, room=room)
-
-    def _run(self, ids: list[int], tail: int) -> mx.array:
-        return forward_tail(self.model, ids, self.cache, tail)
-
-    def _drop(self, n: int, logits: mx.array) -> None:
-        self.cache.trim(self.cache.n_past - n)
+        self.lookahead = cache_lookahead(model, cache, draft_tokens)
 
     def push(self, tokens: Sequence[int]) -> None:
         self.pending.extend(int(t) for t in tokens)
