@@ -78,6 +78,8 @@ HOSTILE = {  # id: (argv with {tmp} for the work folder, a fragment the one erro
     "bench-unknown": (["bench", "../../etc/passwd"], "unknown benchmark"),
     "serve-negative-guard": (["serve", "--model", NOPE, "--port", "0", "--guard", "-1"],
                              "--guard must be a number of nats >= 0, got -1"),
+    "chat-negative-drafts": (["chat", "hi", "--model", NOPE, "--draft-tokens", "-1"],
+                             "--draft-tokens must be an integer >= 0, got -1"),
     "serve-negative-drafts": (["serve", "--model", NOPE, "--port", "0", "--draft-tokens", "-2"],
                               "--draft-tokens must be an integer >= 0, got -2"),
 }

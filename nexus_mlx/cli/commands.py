@@ -46,7 +46,9 @@ def _print_generation(answer: str, stats: GenerationStats) -> None:
     print(
         f"[{stats.prompt_tokens} prompt tokens, TTFT {stats.ttft_s * 1000:.0f} ms "
         f"({stats.prefill_tokens_per_s:.0f} tok/s prefill), "
-        f"{stats.generated_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s]"
+        f"{stats.generated_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s"
+        + (f", {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens kept]"
+           if stats.drafted_tokens else "]")
     )
 
 
@@ -76,8 +78,10 @@ def _timed(fn: Any) -> tuple[Any, float]:
 def cmd_chat(args: argparse.Namespace) -> int:
     checks.request_text(args.prompt, "the prompt")
     checks.positive_int(args.max_tokens, "--max-tokens")
+    draft_tokens = checks.non_negative_int(args.draft_tokens, "--draft-tokens")
     model, tokenizer = load(args.model)
-    result = chat(model, tokenizer, args.prompt, max_tokens=args.max_tokens)
+    result = chat(model, tokenizer, args.prompt, max_tokens=args.max_tokens,
+                  draft_tokens=draft_tokens)
     _print_generation(result.text, result.stats)
     return 0
 

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "chat", "one chat turn on a model, with TTFT and tokens/s", commands.cmd_chat)
     p.add_argument("prompt", help="the user message")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    p.add_argument("--draft-tokens", type=int, default=0, metavar="N",
+                   help="where the answer copies the prompt, draft N tokens ahead and verify "
+                   "them in one pass (the same answer; 0, the default, decodes one per pass)")
 
     p = _add(sub, "demo", "the main job (make demo runs it with --model qwen2.5-coder-0.5b)",
              commands.cmd_demo)
