@@ -115,16 +115,12 @@ def generate_tokens(
     history = list(prompt_tokens)
     stats.prompt_tokens = len(history)
     start = time.perf_counter()
-    if draft_tokens:
-        yield from _drafted(model, cache, history, sampler, logits_processors, max_tokens, eos,
-                            stats, start, draft_tokens)
+    if draft_tokens or logits_processors:
+        yield from _stepwise(model, cache, history, sampler, logits_processors, max_tokens, eos,
+                             stats, start, draft_tokens)
         return
     logits = forward(model, history, cache, logits="last")
     token = _sample(logits, history, sampler, logits_processors)
-    if logits_processors:
-        yield from _sequential(model, cache, token, history, sampler, logits_processors,
-                               max_tokens, eos, stats, start)
-        return
     mx.async_eval(token)
     pending = False  # a step for `token` is running: its row is cache row n_past - 1
     try:
@@ -153,33 +149,6 @@ def generate_tokens(
             cache.trim(cache.n_past - 1)
 
 
-def _sequential(
-    model: nn.Module,
-    cache: NexusCache,
-    token: mx.array,
-    history: list[int],
-    sampler: Sampler,
-    processors: Sequence[LogitsProcessor],
-    max_tokens: int,
-    eos: set[int],
-    stats: GenerationStats,
-    start: float,
-) -> Iterator[int]:
-    """The unpipelined loop (logits processors see every token on the host first)."""
-    tok = _read(token)
-    stats.ttft_s = time.perf_counter() - start
-    first = time.perf_counter()
-    for _ in range(max_tokens):
-        stats.generated_tokens += 1
-        stats.decode_s = time.perf_counter() - first
-        yield tok
-        if tok in eos or stats.generated_tokens >= max_tokens:
-            return
-        history.append(tok)
-        logits = forward(model, [tok], cache, logits="last")
-        tok = _read(_sample(logits, history, sampler, processors))
-
-
 def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int) -> Lookahead:
     """A :class:`~.lookahead.Lookahead` that appends to ``cache`` at its cursor (and trims
     rejected drafts), drafting at most ``draft_tokens`` ids and never past the model's
@@ -191,7 +160,7 @@ def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int) -> L
                      max_draft=draft_tokens, room=room)
 
 
-def _drafted(
+def _stepwise(
     model: nn.Module,
     cache: NexusCache,
     history: list[int],
@@ -203,7 +172,8 @@ def _drafted(
     start: float,
     draft_tokens: int,
 ) -> Iterator[int]:
-    """The loop with copy drafts: every id goes through a :class:`~.lookahead.Lookahead`."""
+    """The unpipelined loop (logits processors see every id on the host first), with copy drafts
+    when ``draft_tokens`` > 0: every id goes through a :class:`~.lookahead.Lookahead`."""
     lookahead = cache_lookahead(model, cache, draft_tokens)
     try:
         logits = lookahead.feed(history)
