@@ -135,7 +135,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("agent_session", "Live sessions: TTFT and fidelity by edit class", AGENTS,
           session_section, variants=True),
     Bench("session_copies", "Live sessions: cache copies from slices vs row gathers", AGENTS,
-          session_copies_section),
+          session_copies_section, variants=True),
     Bench("lookahead", "Live sessions: copy drafts verified per pass", AGENTS,
           lookahead_section, variants=True),
     Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
