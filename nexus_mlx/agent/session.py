@@ -81,7 +81,7 @@ from nexus_mlx.decode.call_format import (
     turn_constraint,
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
-from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
+from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
 from nexus_mlx.errors import ArgumentError
@@ -148,9 +148,7 @@ class Session:
         self.policy, self.budget, self.allocator = policy, float(budget), allocator
         self.min_reuse, self.debug = min_reuse, debug
         self.guard = float(guard) if guard else None  # see the module docstring; 0: off
-        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
-            raise ArgumentError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
-        self.draft_tokens = draft_tokens  # copy drafts verified per decode pass; 0: off
+        self.draft_tokens = checked_draft_tokens(draft_tokens)  # drafts per decode pass; 0: off
         limit = model_plan(model).max_position
         self.max_positions = int(limit) if limit is not None else MAX_POSITION + 1
         if blocks is not None:

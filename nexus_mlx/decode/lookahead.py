@@ -11,6 +11,7 @@ a several-token forward against a one-token one); a draft that turns out wrong c
 extra rows of that pass, which are dropped.
 
 Contract:
+- :func:`checked_draft_tokens` validates a draft length (what every caller's option is).
 - :func:`propose` returns up to ``max_tokens`` ids that followed the most recent earlier
   occurrence of the context's last ``n`` ids, for the longest ``n`` from ``max_match`` down to
   ``min_match`` that occurs; ``[]`` when none does.
@@ -44,6 +45,13 @@ one over 6 tokens 2.9x (SmolLM2 at depth 512, with the BLAS shim's kernel for 2-
 DEFAULT_MIN_MATCH = 3
 """Ids the context's tail must match before its continuation is drafted: one id alone (a
 quote, a comma) recurs everywhere, so its drafts are mostly wrong."""
+
+
+def checked_draft_tokens(value: object, name: str = "draft_tokens") -> int:
+    """``value`` when it is a count of ids to draft (an integer >= 0), else ArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
 
 
 def propose(context: np.ndarray | Sequence[int], max_tokens: int, *,
@@ -81,8 +89,7 @@ class Lookahead:
                  drop: Callable[[int, mx.array], None], context: Sequence[int] | np.ndarray, *,
                  max_draft: int = DEFAULT_DRAFT_TOKENS, min_match: int = DEFAULT_MIN_MATCH,
                  room: Callable[[], int] | None = None) -> None:
-        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 0:
-            raise ArgumentError(f"max_draft must be an integer >= 0, got {max_draft!r}")
+        checked_draft_tokens(max_draft, "max_draft")
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise ArgumentError(f"min_match must be an integer >= 1, got {min_match!r}")
         self._run, self._drop, self._room = run, drop, room
