@@ -24,7 +24,15 @@ from nexus_mlx.refresh.allocators import (
 )
 from nexus_mlx.refresh.allocators.semantic import bm25, terms
 from nexus_mlx.sur.relevance import embedding_rows, token_relevance
-from nexus_mlx.sur.select import best_window, decay_envelope, rank, unit_means, unit_scores
+from nexus_mlx.sur.select import (
+    SEAM_ROWS,
+    best_window,
+    decay_envelope,
+    rank,
+    unit_means,
+    unit_scores,
+    with_seam,
+)
 from nexus_mlx.sur.units import units_from_text
 
 NAMES = ("sur", "dense_tokens", "single_window", "bm25_units", "random_units")
@@ -70,9 +78,14 @@ def request(model, tok, text, p0, p1, budget_pct, query=QUERY, seed=0):
     return AllocationRequest(model, cache, shifted, edit, q, b, tok, seed)
 
 
-def with_budget(req, b):
+def with_budget(req, b, **options):
     return AllocationRequest(req.model, req.dirty, req.shifted, req.edit, req.query_tokens, b,
-                             req.tokenizer, req.seed, req.options)
+                             req.tokenizer, req.seed, {**req.options, **options})
+
+
+def paper_rule(req, b):
+    """``req`` at budget ``b`` with no seam: SUR exactly as paper 2 states it."""
+    return with_budget(req, b, seam=0)
 
 
 def units_of(req):
@@ -131,11 +144,53 @@ def test_sur_admits_whole_units_and_prefers_the_query_unit(model, default_tokeni
     assert rank(unit_scores(r, units))[0] == target
     a, b = units.ranges[target]
     sur = get_allocator("sur")
-    assert sur(with_budget(req, b - a)).tolist() == list(range(a, b))
-    inside = sur(with_budget(req, 3))  # smaller than the unit: a window inside it
+    assert sur(paper_rule(req, b - a)).tolist() == list(range(a, b))
+    inside = sur(paper_rule(req, 3))  # smaller than the unit: a window inside it
     assert a <= inside[0] and inside[-1] < b and np.all(np.diff(inside) == 1)
     for budget in range(0, req.suffix_length + 1, 7):
-        assert is_whole_units_plus_one_window(sur(with_budget(req, budget)), units)
+        assert is_whole_units_plus_one_window(sur(paper_rule(req, budget)), units)
+        seamed = with_seam(units, min(SEAM_ROWS, budget))
+        assert is_whole_units_plus_one_window(sur(with_budget(req, budget)), seamed)
+
+
+def test_sur_seam_comes_right_after_the_best_unit(model, default_tokenizer):
+    req = request(model, default_tokenizer, DOC, 2, 12, 0)
+    units = units_of(req)
+    r = token_relevance(model, req.suffix_tokens, req.query_tokens)
+    a, b = units.ranges[rank(unit_scores(r, units), unit_means(r, units))[0]]
+    assert a >= SEAM_ROWS  # the best unit lies away from the edit
+    sur = get_allocator("sur")
+    best = list(range(a, b))
+    assert sur(with_budget(req, b - a)).tolist() == best  # the best unit first, whole
+    assert sur(with_budget(req, 3)).tolist() == sur(paper_rule(req, 3)).tolist()
+    for seam in (1, SEAM_ROWS, 9):
+        got = sur(with_budget(req, b - a + seam, seam=seam)).tolist()
+        assert got == sorted([*range(seam), *best])  # then the rows right after the edit
+    more = sur(with_budget(req, b - a + SEAM_ROWS + 5)).tolist()
+    assert set(range(SEAM_ROWS)) | set(best) <= set(more) and len(more) == b - a + SEAM_ROWS + 5
+
+
+def test_with_seam_cuts_the_units_it_overlaps():
+    from nexus_mlx.sur.units import Units
+
+    units = Units([(0, 2), (2, 10), (10, 15)], [0, 1, 2])
+    assert with_seam(units, 0) is units
+    assert with_seam(units, 4).ranges == [(0, 4), (4, 10), (10, 15)]
+    assert with_seam(units, 2).ranges == [(0, 2), (2, 10), (10, 15)]
+    cut = with_seam(units, 12)
+    assert cut.ranges == [(0, 12), (12, 15)] and cut.containers == [0, 2]
+
+
+@pytest.mark.parametrize("seam", [-1, 1.5, True, "4", None])
+def test_bad_seam_is_rejected_before_any_work(model, default_tokenizer, seam):
+    text = DOC
+    ids = default_tokenizer.encode(text, add_special_tokens=False)
+    cache = filled(model, ids)
+    before = cache.copy()
+    with pytest.raises(ArgumentError, match="seam must be a non-negative int"):
+        repair(model, cache, Edit(2, 12), QUERY, 20.0, "sur", tokenizer=default_tokenizer,
+               in_place=True, seam=seam)
+    assert np.array_equal(cache.tokens, before.tokens) and cache.n_past == before.n_past
 
 
 def test_saturated_units_tie_to_the_one_most_about_the_query(model, default_tokenizer):
@@ -171,7 +226,7 @@ def test_sur_window_follows_the_decay_envelope(model, default_tokenizer):
     first = units.ranges[order[0]]
     a, b = units.ranges[order[1]]
     w = 4
-    got = get_allocator("sur")(with_budget(req, first[1] - first[0] + w))
+    got = get_allocator("sur")(paper_rule(req, first[1] - first[0] + w))
     start = a + best_window(decay_envelope(r[a:b]), w)
     assert got.tolist() == sorted([*range(*first), *range(start, start + w)])
 

@@ -3,7 +3,8 @@
 Contract: :func:`sur_select` returns exactly ``budget`` sorted distinct indices into ``tokens``
 for any budget in ``[0, len(tokens)]``: unit score = mean of its top-4 token relevances (all of
 them if fewer); units ranked by score, ties to the higher mean relevance over the whole unit,
-then to the earlier unit; admitted whole while they fit; the
+then to the earlier unit; with ``seam=n``, the first ``n`` indices form a unit of their own
+placed right after the best-ranked one; admitted whole while they fit; the
 remainder ``w`` goes to the width-``w`` window of the next ranked unit maximising the sum of the
 forward-decay envelope ``u_t = max(exp(r_t - r_max), exp(-1/16) u_{t-1})``, ``u_0 = 0``, over
 that unit (earliest window wins ties). The pieces (:func:`rank`, :func:`best_window`,
@@ -16,6 +17,16 @@ scores the maximum 1.25, and stopwords ("the", "of", ",") put most paragraphs th
 by position alone passed over the unit that *is* about the query (Erasing-NIAH with the question
 cached, Qwen2.5-Coder-0.5B, 20 cases: EM 0.55 of Replay at 5% before, 1.00 at 2% and 5% after;
 ``results/repair_niah_qwen_allocators.json``).
+
+Why the seam (``sur_select(..., seam=n)``; the ``sur`` repair allocator's default is
+``SEAM_ROWS`` = 4, ``seam=0`` is the paper's rule): the first rows after a deletion attended to
+the deleted text as their nearest context, and no relevance score sees that. On Erasing-NIAH
+with Qwen2.5-Coder-0.5B (40 cases at 1K and 2K), SUR recomputed the whole cached question and
+still answered two codes on 2 cases ("3695, 3695"); the question plus the 4 rows after the edit
+(20 rows) fixed both, where SUR's 58 rows had not. The seam is admitted right after the
+best-ranked unit, so a budget too small for that unit is spent on it alone, as before. With
+the seam SUR scores 0.85 / 0.875 at 2% / 5% (0.97 / 1.00 of Replay's 0.875; without it 0.825
+at both) in ``results/repair_niah_qwen.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from nexus_mlx.sur.units import Units, units_from_text
 
 TOP_TOKENS = 4
 DECAY = math.exp(-1 / 16)
+SEAM_ROWS = 4  # the repair allocator's default seam (sur_select's own default is 0)
 
 Fill = Callable[[int, int], int]  # (unit index, width) -> offset of the window inside the unit
 
@@ -96,15 +108,36 @@ def unit_means(r: np.ndarray, units: Units) -> np.ndarray:
     return np.array([r[a:b].mean() for a, b in units.ranges], dtype=np.float64)
 
 
+def checked_seam(seam: object) -> int:
+    """``seam`` as a row count: a non-negative int (bools rejected), else an ArgumentError."""
+    if isinstance(seam, bool) or not isinstance(seam, (int, np.integer)) or seam < 0:
+        raise ArgumentError(f"seam must be a non-negative int (rows after the edit), got {seam!r}")
+    return int(seam)
+
+
+def with_seam(units: Units, width: int) -> Units:
+    """``units`` with ``[0, width)`` made the first unit of its own (the units it overlaps cut
+    at ``width``); ``units`` itself for width 0."""
+    if width <= 0:
+        return units
+    kept = [i for i, (_, b) in enumerate(units.ranges) if b > width]
+    ranges = [(0, width)] + [(max(units.ranges[i][0], width), units.ranges[i][1]) for i in kept]
+    return Units(ranges, [units.containers[0]] + [units.containers[i] for i in kept])
+
+
 def sur_select(
-    model: nn.Module, tokenizer: Any, tokens: np.ndarray, query_tokens: np.ndarray, budget: int
+    model: nn.Module, tokenizer: Any, tokens: np.ndarray, query_tokens: np.ndarray, budget: int,
+    seam: int = 0,
 ) -> np.ndarray:
     """Semantic-Unit Refresh over any token span: exactly ``budget`` sorted indices into
-    ``tokens`` (used by the ``sur`` allocator and by query-directed splice repair)."""
+    ``tokens`` (used by the ``sur`` allocator and by query-directed splice repair). The first
+    ``seam`` indices (the rows right after an edit) are admitted as one unit right after the
+    best-ranked unit (see the module notes)."""
     if tokenizer is None:
         raise ArgumentError("SUR reads the text of the tokens: a tokenizer is required")
+    width = min(checked_seam(seam), budget, len(tokens))
     text, spans = token_char_spans(tokenizer, tokens)
-    units = units_from_text(text, spans)
+    units = with_seam(units_from_text(text, spans), width)
     r = token_relevance(model, tokens, query_tokens)
 
     def window(u: int, width: int) -> int:
@@ -112,4 +145,7 @@ def sur_select(
         return best_window(decay_envelope(r[a:b]), width)
 
     order = rank(unit_scores(r, units), unit_means(r, units))
+    if width:  # the seam comes right after the best unit, whatever its score
+        rest = order[order != 0]
+        order = np.concatenate([rest[:1], [0], rest[1:]])
     return admit_units(units, order, budget, window)

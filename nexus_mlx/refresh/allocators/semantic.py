@@ -11,6 +11,9 @@ against ``request.query_tokens``; units are :func:`units_from_text` of the decod
   ``w`` goes to the width-``w`` window of the next ranked unit maximising the sum of the
   forward-decay envelope ``u_t = max(exp(r_t - r_max), exp(-1/16) u_{t-1})``, ``u_0 = 0``, over
   that unit (``r_max`` its largest ``r``; the argmax does not depend on it). Earliest window wins ties.
+  Before any ranked unit it admits the seam: the first ``min(seam, B)`` suffix rows, right after
+  the edit (option ``seam``, default ``SEAM_ROWS`` = 4; ``seam=0`` is the paper's rule exactly).
+  See :mod:`nexus_mlx.sur.select` for why.
 - ``dense_tokens``: the ``B`` tokens of highest ``r`` (earlier wins ties).
 - ``single_window``: the contiguous width-``B`` window of highest total ``r`` (earliest wins ties).
 - ``bm25_units``: units ranked by BM25 against the query (k1 = 1.2, b = 0.75; terms: maximal
@@ -35,7 +38,7 @@ from nexus_mlx.errors import ArgumentError
 from nexus_mlx.models.tokenizer import token_char_spans
 from nexus_mlx.refresh.allocators import AllocationRequest, register, top_k_positions
 from nexus_mlx.sur.relevance import token_relevance
-from nexus_mlx.sur.select import admit_units, best_window, rank, sur_select
+from nexus_mlx.sur.select import SEAM_ROWS, admit_units, best_window, rank, sur_select
 from nexus_mlx.sur.units import Units, units_from_text
 
 BM25_K1 = 1.2
@@ -93,7 +96,8 @@ def sur(request: AllocationRequest) -> np.ndarray:
     if request.tokenizer is None:
         raise ArgumentError("allocator 'sur' reads the suffix text: pass tokenizer=... to repair()")
     return sur_select(request.model, request.tokenizer, request.suffix_tokens,
-                      request.query_tokens, request.budget)
+                      request.query_tokens, request.budget,
+                      seam=request.options.get("seam", SEAM_ROWS))
 
 
 @register("dense_tokens")
