@@ -6,7 +6,8 @@ suffix positions, recomputes them with the executor, and returns a :class:`Repai
 the repaired cache, the chosen positions (suffix-relative and as cache rows), their maximal
 intervals and per-stage timings (selection, shift, refresh, in seconds). ``budget=0`` is Shift;
 ``budget=100`` is Replay. The query is what the allocators score relevance against; it is *not*
-written into the cache. An edit whose suffix is empty returns the shifted cache.
+written into the cache. An edit whose suffix is empty returns the shifted cache. Other keyword
+arguments go to the allocator as options (``seam=`` for ``sur``, ``chunk=`` for ``legolink``...).
 
 Plan -> apply: the edit, executor, allocator name, query, budget (a number in [0, 100], not a
 bool), ``in_place`` (a bool), the cache against the model and the suffix's token ids are all
