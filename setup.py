@@ -66,9 +66,11 @@ if sys.platform.startswith("linux"):
         Extension(
             SHIM_MODULE,
             sources=[SHIM_SOURCE],
-            depends=["nexus_mlx/_platform/csrc/skinny_gemm.h"],
+            depends=["nexus_mlx/_platform/csrc/skinny_gemm.h",
+                     "nexus_mlx/_platform/csrc/native_rt.h"],
             define_macros=[("NEXUS_BLAS_SOURCE_ID", f'"{_source_id(SHIM_SOURCE)}"')],
-            extra_compile_args=["-O2", "-fvisibility=hidden"],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread"],
+            extra_link_args=["-pthread"],
         )
     )
 if sys.platform.startswith("linux") or sys.platform == "darwin":

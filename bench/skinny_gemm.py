@@ -3,11 +3,12 @@
 Contract: ``python bench/skinny_gemm.py [--quick] [--model M]`` times, interleaved trial by
 trial with the routing on and off (:func:`~nexus_mlx._platform.blas.set_skinny_routing`):
 
-- ``gemm``: ``x @ W.T`` for ``rows`` in 1, 2, 3, 4, 8 against the weight shapes of SmolLM2-135M
-  (fused q/k/v 960 x 576, gate/up 3,072 x 576, down 576 x 1,536, tied head 49,152 x 576) and
-  Qwen2.5-0.5B (gate/up 9,728 x 896, head 151,936 x 896), random float32. Past 4 rows the
-  kernel declines, so those rows time OpenBLAS in both arms (a control: ratio ~1).
-- ``forward``: a forward of ``tokens`` in 1, 2, 3, 4, 6 appended at depth 512 to a cache of the
+- ``gemm``: ``x @ W.T`` for ``rows`` in 1, 2, 3, 4, 6, 8, 12 against the weight shapes of
+  SmolLM2-135M (fused q/k/v 960 x 576, gate/up 3,072 x 576, down 576 x 1,536, tied head
+  49,152 x 576) and Qwen2.5-0.5B (gate/up 9,728 x 896, head 151,936 x 896), random float32. Past
+  6 rows (4 without AVX-512F) the kernel declines, so those rows time OpenBLAS in both arms (a
+  control: ratio ~1); one row is sgemv in both arms.
+- ``forward``: a forward of ``tokens`` in 1, 2, 3, 4, 6, 8 appended at depth 512 to a cache of the
   model (default SmolLM2), the logits of every token (a decoder's verify pass,
   :mod:`~nexus_mlx.decode.lookahead`), then trimmed back.
 
@@ -44,8 +45,8 @@ from nexus_mlx.models.forward import forward, make_cache
 SHAPES = {"smollm2 qkv": (960, 576), "smollm2 gate_up": (3072, 576),
           "smollm2 down": (576, 1536), "smollm2 head": (49152, 576),
           "qwen0.5b gate_up": (9728, 896), "qwen0.5b head": (151936, 896)}
-ROWS = (1, 2, 3, 4, 8)
-TOKENS = (1, 2, 3, 4, 6)
+ROWS = (1, 2, 3, 4, 6, 8, 12)
+TOKENS = (1, 2, 3, 4, 6, 8)
 DEPTH = 512
 
 

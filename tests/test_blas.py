@@ -337,26 +337,28 @@ print(json.dumps({"loaded": BLAS_STATUS.loaded, "shim": BLAS_STATUS.shim}))
 
 @linux_only
 def test_few_row_products_are_routed_to_the_skinny_kernel() -> None:
-    # A @ W.T with 2-4 rows of A, with k tails, n tails and alpha/beta, equals numpy and the
-    # same call on OpenBLAS; past 4 rows, with few columns instead of few rows, with W not
-    # transposed or narrow, OpenBLAS computes it.
+    # A @ W.T with 2-6 rows of A, with k tails, n tails and alpha/beta, equals numpy and the
+    # same call on OpenBLAS; past 6 rows (4 without AVX-512F), with few columns instead of few
+    # rows, with W not transposed or narrow, OpenBLAS computes it.
     result = run_child(
         PRELUDE
         + """
 from nexus_mlx._platform.blas import set_skinny_routing
 
-def few_row_cases():
-    for rows in (2, 3, 4):
+def few_row_cases():  # (name, x, y, expected, rows of A if the kernel may take it)
+    for rows in (2, 3, 4, 5, 6):
         for k, n in ((64, 64), (37, 101), (576, 130), (15, 67)):
             a, w = rand((rows, k), np.float32), rand((n, k), np.float32)
-            yield f"{rows}x{k}x{n}", m(a), m(w).T, a @ w.T, True
-            yield f"{rows}x{k}x{n} few columns", m(w), m(a).T, w @ a.T, False
-    a, w = rand((5, 64), np.float32), rand((80, 64), np.float32)
-    yield "5 rows", m(a), m(w).T, a @ w.T, False
+            yield f"{rows}x{k}x{n}", m(a), m(w).T, a @ w.T, rows
+            yield f"{rows}x{k}x{n} few columns", m(w), m(a).T, w @ a.T, None
+    a, w = rand((7, 64), np.float32), rand((80, 64), np.float32)
+    yield "7 rows", m(a), m(w).T, a @ w.T, None
+    a, w = rand((6, 600), np.float32), rand((3000, 600), np.float32)  # shared over threads
+    yield "6x600x3000", m(a), m(w).T, a @ w.T, 6
     a, w = rand((3, 64), np.float32), rand((64, 80), np.float32)
-    yield "w not transposed", m(a), m(w), a @ w, False
+    yield "w not transposed", m(a), m(w), a @ w, None
     a, w = rand((3, 64), np.float32), rand((40, 64), np.float32)
-    yield "narrow w", m(a), m(w).T, a @ w.T, False
+    yield "narrow w", m(a), m(w).T, a @ w.T, None
 
 avx2 = __import__("platform").machine() == "x86_64"
 failures, routed = [], []
@@ -380,11 +382,12 @@ print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
     assert result["loaded"], result["reason"]
     assert result["skinny"] is True  # on by default
     assert result["failures"] == []
-    assert all(n == 0 for on, eligible, n in result["routed"] if not on or not eligible)
+    assert all(n == 0 for on, rows, n in result["routed"] if not on or rows is None)
     with open("/proc/cpuinfo") as f:
-        has_avx2 = " avx2 " in f.read() if result["x86"] else False
-    eligible_on = [n for on, eligible, n in result["routed"] if on and eligible]
-    assert all(n == (1 if has_avx2 else 0) for n in eligible_on), eligible_on
+        flags = f.read() if result["x86"] else ""
+    most = 6 if " avx512f " in flags else 4 if " avx2 " in flags else 0
+    eligible_on = [(rows, n) for on, rows, n in result["routed"] if on and rows is not None]
+    assert all(n == (1 if rows <= most else 0) for rows, n in eligible_on), eligible_on
 
 
 @linux_only

@@ -14,10 +14,10 @@ matrix for them (2-3x slower than one read of it); :func:`set_gemv_routing` turn
 on, ``NEXUS_MLX_GEMV=0`` keeps it off from the start. The product is the same either way (up to
 float32 summation order).
 
-Products with 2 to 4 rows against a weight matrix (``A @ W.T``: a forward of a few tokens, such
-as the drafted tokens a decoder verifies) go to ``csrc/skinny_gemm.h`` on CPUs with AVX2 + FMA,
-which reads each weight row once instead of packing the matrix; :func:`set_skinny_routing` turns
-that off and on, ``NEXUS_MLX_SKINNY=0`` keeps it off from the start. Also the same product up to
+Products with 2 to 6 rows against a weight matrix (``A @ W.T``: a forward of a few tokens, such
+as the drafted tokens a decoder verifies) go to ``csrc/skinny_gemm.h`` on CPUs with AVX-512F
+(2 to 4 rows with AVX2 + FMA only), which reads each weight row once instead of packing the
+matrix; :func:`set_skinny_routing` turns that off and on, ``NEXUS_MLX_SKINNY=0`` keeps it off from the start. Also the same product up to
 float32 summation order.
 
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
@@ -92,7 +92,7 @@ class BlasStatus:
     shim: str | None = None
     config: str | None = None
     gemv_routing: bool = False  # one-row/one-column sgemm computed by sgemv (at load time)
-    skinny_routing: bool = False  # 2-4-row sgemm computed by skinny_gemm.h (at load time)
+    skinny_routing: bool = False  # 2-6-row sgemm computed by skinny_gemm.h (at load time)
 
 
 _status: BlasStatus | None = None
@@ -151,7 +151,8 @@ def _compile_shim() -> Path:
     if not _SHIM_SOURCE.is_file():
         raise BuildError(f"shim not built and its source {_SHIM_SOURCE} is missing")
     digest = _cbuild.source_digest(_SHIM_SOURCE)
-    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", f'-DNEXUS_BLAS_SOURCE_ID="{digest}"')
+    flags = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+             f'-DNEXUS_BLAS_SOURCE_ID="{digest}"')
     try:
         return _cbuild.build_shared_library(_SHIM_SOURCE, "blas_shim", flags, timeout=120)
     except BuildError as exc:
@@ -290,7 +291,7 @@ def set_gemv_routing(enabled: bool) -> bool:
 
 
 def set_skinny_routing(enabled: bool) -> bool:
-    """Compute ``sgemm`` calls of 2-4 rows against a transposed weight matrix with the
+    """Compute ``sgemm`` calls of 2-6 rows against a transposed weight matrix with the
     shim's skinny kernel (``enabled``) or with OpenBLAS; return whether routing is now on (False
     when the shim is not loaded or predates the kernel; the kernel itself declines on CPUs
     without AVX2 + FMA)."""

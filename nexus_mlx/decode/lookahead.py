@@ -39,9 +39,10 @@ import numpy as np
 from nexus_mlx.errors import ArgumentError
 
 DEFAULT_DRAFT_TOKENS = 3
-"""Drafted ids per pass. On the 2-core CPU a pass over 4 tokens cost 1.69x a one-token step and
-one over 6 tokens 2.9x (SmolLM2 at depth 512, with the BLAS shim's kernel for 2-4-row products:
-``results/skinny_gemm.json``): a draft of 3 pays once 0.7 of its ids are kept on average."""
+"""Drafted ids per pass. On a 2-core CPU a pass over 4 tokens cost 1.56-1.69x a one-token step
+(SmolLM2 at depth 512 with the BLAS shim's few-row kernel, ``results/skinny_gemm.json`` and its
+first run on another machine): a draft of 3 pays once 0.6-0.7 of its ids are kept on average.
+Longer drafts were measured only on the first machine (6 tokens 2.9x there, 1.75x now)."""
 DEFAULT_MIN_MATCH = 3
 """Ids the context's tail must match before its continuation is drafted: one id alone (a
 quote, a comma) recurs everywhere, so its drafts are mostly wrong."""

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "native_rt.h"
 #include "skinny_gemm.h"
 
 #define NEXUS_EXPORT __attribute__((visibility("default")))

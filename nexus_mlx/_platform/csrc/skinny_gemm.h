@@ -7,25 +7,38 @@
  * 1.9-2.4x a one-token step, whose products sgemv computes). Here each weight row is read from
  * memory once and multiplied by every activation row while it is in cache.
  *
- * Contract (row-major; header-only, included by blas_shim.c):
+ * Contract (row-major; header-only, included by blas_shim.c after native_rt.h, whose thread
+ * loop it uses: the build hashes only headers the .c file includes itself):
  *   skinny_sgemm_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) computes, for i < m, j < n,
  *     c[i*ldc + j] = alpha * sum_p a[i*lda + p] * b[j*ldb + p] + beta * c[i*ldc + j]
  *   where beta == 0 writes c without reading it (uninitialized memory never reaches the result).
- *   It returns 1 when it computed the product, 0 when it declines (no AVX2 + FMA on this CPU, or
- *   a shape outside SKINNY_MAX_ROWS / SKINNY_MIN_COLS) and the caller must run sgemm.
- *   Sums run in 8 lanes (AVX2) or, for whole blocks of four rows of A on AVX-512F CPUs, 16,
- *   then across them: the result equals sgemm's up to float32 summation order, as sgemv's does.
+ *   It returns 1 when it computed the product, 0 when it declines and the caller must run
+ *   sgemm: fewer than 2 or more than SKINNY_MAX_ROWS rows of A (SKINNY_MAX_ROWS_AVX2 on a CPU
+ *   with AVX2 + FMA but no AVX-512F), fewer than SKINNY_MIN_COLS rows of B, or neither SIMD set.
+ *   Sums run in 16 lanes (AVX-512F: 4 x 4 blocks, summed across lanes by one shuffle tree per
+ *   block) or 8 (AVX2: 2 x 4 blocks), then across them: the result equals sgemm's up to float32
+ *   summation order, as sgemv's does.
  *
- * What it does not know: BLAS enums or column-major calls (the shim maps those), threads (it runs
- * on the caller's thread, like the decode step's sgemv).
+ * Threads: B's rows are shared, by groups of four, over the caller's thread and up to
+ * SKINNY_MAX_THREADS - 1 more (no more than the CPUs online), started per call, when B has at
+ * least SKINNY_PARALLEL_MIN elements. Why: these products stream the weights from memory, and
+ * one core does not draw the memory bandwidth two do; OpenBLAS, which it replaces, runs on every
+ * core (bench/skinny_gemm.py measured the kernel on one thread slower than OpenBLAS on a 2-core
+ * machine, 0.7-0.95x, where the same kernel had been 1.6-2.9x faster on another).
+ *
+ * What it does not know: BLAS enums or column-major calls (the shim maps those).
  */
 #ifndef NEXUS_SKINNY_GEMM_H
 #define NEXUS_SKINNY_GEMM_H
 
 #include <stdint.h>
+#include <unistd.h>
 
-#define SKINNY_MAX_ROWS 4 /* rows of A: at 8 OpenBLAS was as fast (bench/skinny_gemm.py) */
+#define SKINNY_MAX_ROWS 6 /* rows of A on AVX-512F (bench/skinny_gemm.py: at 8 no faster) */
+#define SKINNY_MAX_ROWS_AVX2 4 /* rows of A on AVX2 + FMA only: 8 lanes, 2 x 4 blocks */
 #define SKINNY_MIN_COLS 64 /* rows of B: smaller products are not worth a special path */
+#define SKINNY_MAX_THREADS 4 /* the caller's thread and up to 3 more share B's rows */
+#define SKINNY_PARALLEL_MIN (1 << 16) /* elements of B below which one thread does it all */
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -35,6 +48,7 @@
 /* keep a loaded vector in its register: folding the load into every FMA that uses it (what the
  * compiler prefers) doubles the loads of the inner loops, which are load-bound */
 #define SKINNY_IN_REGISTER(v) __asm__("" : "+x"(v))
+#define SKINNY_IN_ZMM(v) __asm__("" : "+v"(v)) /* the same, any of the 32 AVX-512 registers */
 
 SKINNY_AVX2 static inline float skinny_hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -120,57 +134,119 @@ SKINNY_AVX2 static void skinny_rows_avx2(int i0, int m, int n, int k, float alph
                    beta);
 }
 
-/* four rows of A against four rows of B, 16 lanes: sixteen dot products per pass over k */
-SKINNY_AVX512 static void skinny_4x4(int k, float alpha, const float *a, int64_t lda,
-                                     const float *b, int64_t ldb, float beta, float *c,
-                                     int64_t ldc) {
-  __m512 s[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) s[i][j] = _mm512_setzero_ps();
-  for (int p = 0; p < k; p += 16) {
-    __mmask16 lanes = k - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - p)) - 1u);
-    __m512 x0 = _mm512_maskz_loadu_ps(lanes, a + p);
-    __m512 x1 = _mm512_maskz_loadu_ps(lanes, a + lda + p);
-    __m512 x2 = _mm512_maskz_loadu_ps(lanes, a + 2 * lda + p);
-    __m512 x3 = _mm512_maskz_loadu_ps(lanes, a + 3 * lda + p);
-    for (int j = 0; j < 4; ++j) {
-      __m512 w = _mm512_maskz_loadu_ps(lanes, b + j * ldb + p);
-      SKINNY_IN_REGISTER(w);
-      s[0][j] = _mm512_fmadd_ps(x0, w, s[0][j]);
-      s[1][j] = _mm512_fmadd_ps(x1, w, s[1][j]);
-      s[2][j] = _mm512_fmadd_ps(x2, w, s[2][j]);
-      s[3][j] = _mm512_fmadd_ps(x3, w, s[3][j]);
-    }
-  }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j)
-      skinny_store(c + i * ldc + j, alpha, _mm512_reduce_add_ps(s[i][j]), beta);
+/* Sixteen 16-lane accumulators acc[4 * j + i] (B row j, A row i) folded into one vector whose
+ * lane 4 * i + j is the sum of acc[4 * j + i]'s lanes: row i of the 4 x 4 block is lanes
+ * 4i..4i+3. Shuffles and adds in a tree, 3 + 3 + 9 of each instead of 16 separate reductions. */
+SKINNY_AVX512 static inline __m512 skinny_fold_pair(__m512 a, __m512 b) {
+  /* 128-bit chunks: [a0 + a2, a1 + a3, b0 + b2, b1 + b3] */
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
 
-/* whole blocks of four A rows on AVX-512, the rest of A's rows and of B's on AVX2 */
+SKINNY_AVX512 static inline __m512 skinny_fold_quad(const __m512 *acc) {
+  /* chunk q holds a 4-lane partial sum of acc[q] */
+  __m512 lo = skinny_fold_pair(acc[0], acc[1]), hi = skinny_fold_pair(acc[2], acc[3]);
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, 0x88), _mm512_shuffle_f32x4(lo, hi, 0xDD));
+}
+
+SKINNY_AVX512 static inline __m512 skinny_fold16(const __m512 *acc) {
+  __m512 x0 = skinny_fold_quad(acc), x1 = skinny_fold_quad(acc + 4);
+  __m512 x2 = skinny_fold_quad(acc + 8), x3 = skinny_fold_quad(acc + 12);
+  /* within each chunk, a 4 x 4 transpose-and-add over x0..x3 */
+  __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(x0, x1), _mm512_unpackhi_ps(x0, x1));
+  __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(x2, x3), _mm512_unpackhi_ps(x2, x3));
+  __m512d d01 = _mm512_castps_pd(s01), d23 = _mm512_castps_pd(s23);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d01, d23)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(d01, d23)));
+}
+
+/* rows a[0..3] of A against rows b[0..3] of B, 16 lanes: out[4 * i + j] = dot(a[i], b[j]) */
+SKINNY_AVX512 static void skinny_block4(int k, const float *const *a, const float *const *b,
+                                        float *out) {
+  __m512 acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  for (int p = 0; p < k; p += 16) {
+    __mmask16 lanes = k - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - p)) - 1u);
+    __m512 x0 = _mm512_maskz_loadu_ps(lanes, a[0] + p);
+    __m512 x1 = _mm512_maskz_loadu_ps(lanes, a[1] + p);
+    __m512 x2 = _mm512_maskz_loadu_ps(lanes, a[2] + p);
+    __m512 x3 = _mm512_maskz_loadu_ps(lanes, a[3] + p);
+    for (int j = 0; j < 4; ++j) {
+      __m512 w = _mm512_maskz_loadu_ps(lanes, b[j] + p);
+      SKINNY_IN_ZMM(w);
+      acc[4 * j + 0] = _mm512_fmadd_ps(x0, w, acc[4 * j + 0]);
+      acc[4 * j + 1] = _mm512_fmadd_ps(x1, w, acc[4 * j + 1]);
+      acc[4 * j + 2] = _mm512_fmadd_ps(x2, w, acc[4 * j + 2]);
+      acc[4 * j + 3] = _mm512_fmadd_ps(x3, w, acc[4 * j + 3]);
+    }
+  }
+  _mm512_storeu_ps(out, skinny_fold16(acc));
+}
+
+/* Every row of A against every row of B in 4 x 4 blocks. A short last block of A (or of B)
+ * repeats its last row, whose sums are computed and not stored: each weight row is still read
+ * once per block of four A rows, and B's four rows stay in cache while the A blocks pass. */
 SKINNY_AVX512 static void skinny_nt_avx512(int m, int n, int k, float alpha, const float *a,
                                            int64_t lda, const float *b, int64_t ldb, float beta,
                                            float *c, int64_t ldc) {
-  int m4 = m - m % 4, n4 = n - n % 4;
-  for (int j = 0; j < n4; j += 4)
-    for (int i = 0; i < m4; i += 4)
-      skinny_4x4(k, alpha, a + i * lda, lda, b + (int64_t)j * ldb, ldb, beta, c + i * ldc + j,
-                 ldc);
-  if (n4 < n) /* B's last rows against A's whole blocks */
-    skinny_rows_avx2(0, m4, n - n4, k, alpha, a, lda, b + (int64_t)n4 * ldb, ldb, beta, c + n4,
-                     ldc);
-  if (m4 < m)
-    skinny_rows_avx2(m4, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  float out[16];
+  const float *brow[4], *arow[4];
+  for (int j = 0; j < n; j += 4) {
+    int nj = n - j < 4 ? n - j : 4;
+    for (int q = 0; q < 4; ++q) brow[q] = b + (int64_t)(j + (q < nj ? q : nj - 1)) * ldb;
+    for (int i = 0; i < m; i += 4) {
+      int mi = m - i < 4 ? m - i : 4;
+      for (int q = 0; q < 4; ++q) arow[q] = a + (int64_t)(i + (q < mi ? q : mi - 1)) * lda;
+      skinny_block4(k, arow, brow, out);
+      for (int r = 0; r < mi; ++r)
+        for (int q = 0; q < nj; ++q)
+          skinny_store(c + (int64_t)(i + r) * ldc + j + q, alpha, out[4 * r + q], beta);
+    }
+  }
+}
+
+/* One call's arguments; its work is shared out by groups of four rows of B. */
+typedef struct {
+  int m, n, k, wide;
+  float alpha, beta;
+  const float *a, *b;
+  int64_t lda, ldb, ldc;
+  float *c;
+} skinny_call;
+
+static void skinny_groups(const void *ctx, int64_t g0, int64_t g1) {
+  const skinny_call *x = (const skinny_call *)ctx;
+  int j0 = (int)(4 * g0), j1 = (int)(4 * g1) < x->n ? (int)(4 * g1) : x->n;
+  const float *b = x->b + (int64_t)j0 * x->ldb;
+  if (x->wide)
+    skinny_nt_avx512(x->m, j1 - j0, x->k, x->alpha, x->a, x->lda, b, x->ldb, x->beta, x->c + j0,
+                     x->ldc);
+  else
+    skinny_rows_avx2(0, x->m, j1 - j0, x->k, x->alpha, x->a, x->lda, b, x->ldb, x->beta,
+                     x->c + j0, x->ldc);
+}
+
+static int skinny_threads(void) {
+  static int cached = 0;
+  int t = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (t == 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    t = online < 1 ? 1 : online > SKINNY_MAX_THREADS ? SKINNY_MAX_THREADS : (int)online;
+    __atomic_store_n(&cached, t, __ATOMIC_RELAXED);
+  }
+  return t;
 }
 
 static int skinny_sgemm_nt(int m, int n, int k, float alpha, const float *a, int lda,
                            const float *b, int ldb, float beta, float *c, int ldc) {
   if (m < 2 || m > SKINNY_MAX_ROWS || n < SKINNY_MIN_COLS || k < 1) return 0;
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-  if (m >= 4 && __builtin_cpu_supports("avx512f"))
-    skinny_nt_avx512(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  else
-    skinny_rows_avx2(0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  int wide = __builtin_cpu_supports("avx512f");
+  if (!wide && (m > SKINNY_MAX_ROWS_AVX2 || !(__builtin_cpu_supports("avx2") &&
+                                               __builtin_cpu_supports("fma"))))
+    return 0;
+  skinny_call call = {m, n, k, wide, alpha, beta, a, b, lda, ldb, ldc, c};
+  int64_t groups = (n + 3) / 4;
+  nexus_parallel_rows(skinny_groups, &call, groups, skinny_threads(),
+                      (int64_t)n * k >= SKINNY_PARALLEL_MIN);
   return 1;
 }
 
