@@ -149,7 +149,7 @@ def test_sur_admits_whole_units_and_prefers_the_query_unit(model, default_tokeni
     assert a <= inside[0] and inside[-1] < b and np.all(np.diff(inside) == 1)
     for budget in range(0, req.suffix_length + 1, 7):
         assert is_whole_units_plus_one_window(sur(paper_rule(req, budget)), units)
-        seamed = with_seam(units, min(SEAM_ROWS, budget))
+        seamed, _ = with_seam(units, min(SEAM_ROWS, budget))
         assert is_whole_units_plus_one_window(sur(with_budget(req, budget)), seamed)
 
 
@@ -174,11 +174,31 @@ def test_with_seam_cuts_the_units_it_overlaps():
     from nexus_mlx.sur.units import Units
 
     units = Units([(0, 2), (2, 10), (10, 15)], [0, 1, 2])
-    assert with_seam(units, 0) is units
-    assert with_seam(units, 4).ranges == [(0, 4), (4, 10), (10, 15)]
-    assert with_seam(units, 2).ranges == [(0, 2), (2, 10), (10, 15)]
-    cut = with_seam(units, 12)
+    same, origin = with_seam(units, 0)
+    assert same is units and origin.tolist() == [0, 1, 2]
+    cut, origin = with_seam(units, 4)
+    assert cut.ranges == [(0, 4), (4, 10), (10, 15)] and origin.tolist() == [0, 1, 2]
+    cut, origin = with_seam(units, 2)
+    assert cut.ranges == [(0, 2), (2, 10), (10, 15)] and origin.tolist() == [0, 1, 2]
+    cut, origin = with_seam(units, 12)
     assert cut.ranges == [(0, 12), (12, 15)] and cut.containers == [0, 2]
+    assert origin.tolist() == [0, 2]
+
+
+def test_sur_seam_inside_the_best_unit_is_that_unit(model, default_tokenizer):
+    # the question right after the edit: the seam cuts the best unit, which still ranks first
+    # and is admitted whole, seam included, as the paper's rule would
+    text = ("Intro line.\n\nWhere is the vault key? Tell me where the vault key is.\n\n"
+            + "Some other words about the weather and the trip.\n\n" * 3)
+    req = request(model, default_tokenizer, text, 1, 3, 0)
+    units = units_of(req)
+    r = token_relevance(model, req.suffix_tokens, req.query_tokens)
+    best = rank(unit_scores(r, units), unit_means(r, units))[0]
+    a, b = units.ranges[best]
+    assert a < SEAM_ROWS < b  # the case this test is about
+    sur = get_allocator("sur")
+    for budget in (b - a, b - a + 5):
+        assert sur(with_budget(req, budget)).tolist() == sur(paper_rule(req, budget)).tolist()
 
 
 @pytest.mark.parametrize("seam", [-1, 1.5, True, "4", None])

@@ -24,7 +24,9 @@ the deleted text as their nearest context, and no relevance score sees that. On 
 with Qwen2.5-Coder-0.5B (40 cases at 1K and 2K), SUR recomputed the whole cached question and
 still answered two codes on 2 cases ("3695, 3695"); the question plus the 4 rows after the edit
 (20 rows) fixed both, where SUR's 58 rows had not. The seam is admitted right after the
-best-ranked unit, so a budget too small for that unit is spent on it alone, as before. With
+best-ranked unit, so a budget too small for that unit is spent on it alone, as before; units
+are ranked as they were without the seam (a unit the seam cuts keeps its whole score), so
+where the best unit is the one right after the edit, the seam and it are that unit again. With
 the seam SUR scores 0.85 / 0.875 at 2% / 5% (0.97 / 1.00 of Replay's 0.875; without it 0.825
 at both) in ``results/repair_niah_qwen.json``.
 """
@@ -115,14 +117,16 @@ def checked_seam(seam: object) -> int:
     return int(seam)
 
 
-def with_seam(units: Units, width: int) -> Units:
-    """``units`` with ``[0, width)`` made the first unit of its own (the units it overlaps cut
-    at ``width``); ``units`` itself for width 0."""
+def with_seam(units: Units, width: int) -> tuple[Units, np.ndarray]:
+    """``units`` with ``[0, width)`` made the first unit of its own (the units it overlaps cut at
+    ``width``, those inside it gone), and each new unit's index in ``units`` (the seam's: 0).
+    ``units`` itself for width 0."""
     if width <= 0:
-        return units
+        return units, np.arange(len(units))
     kept = [i for i, (_, b) in enumerate(units.ranges) if b > width]
     ranges = [(0, width)] + [(max(units.ranges[i][0], width), units.ranges[i][1]) for i in kept]
-    return Units(ranges, [units.containers[0]] + [units.containers[i] for i in kept])
+    containers = [units.containers[0]] + [units.containers[i] for i in kept]
+    return Units(ranges, containers), np.array([0, *kept], dtype=np.int64)
 
 
 def sur_select(
@@ -137,15 +141,17 @@ def sur_select(
         raise ArgumentError("SUR reads the text of the tokens: a tokenizer is required")
     width = min(checked_seam(seam), budget, len(tokens))
     text, spans = token_char_spans(tokenizer, tokens)
-    units = with_seam(units_from_text(text, spans), width)
+    units = units_from_text(text, spans)
     r = token_relevance(model, tokens, query_tokens)
+    scores, means = unit_scores(r, units), unit_means(r, units)
+    units, origin = with_seam(units, width)  # a cut unit ranks as the whole unit did
 
     def window(u: int, width: int) -> int:
         a, b = units.ranges[u]
         return best_window(decay_envelope(r[a:b]), width)
 
-    order = rank(unit_scores(r, units), unit_means(r, units))
-    if width:  # the seam comes right after the best unit, whatever its score
+    order = rank(scores[origin], means[origin])
+    if width and order[0] != 0:  # the seam right after the best unit, whatever its own rank
         rest = order[order != 0]
         order = np.concatenate([rest[:1], [0], rest[1:]])
     return admit_units(units, order, budget, window)
