@@ -17,8 +17,9 @@ float32 summation order).
 Products with 2 to 6 rows against a weight matrix (``A @ W.T``: a forward of a few tokens, such
 as the drafted tokens a decoder verifies) go to ``csrc/skinny_gemm.h`` on CPUs with AVX-512F
 (2 to 4 rows with AVX2 + FMA only), which reads each weight row once instead of packing the
-matrix; :func:`set_skinny_routing` turns that off and on, ``NEXUS_MLX_SKINNY=0`` keeps it off from the start. Also the same product up to
-float32 summation order.
+matrix and shares the rows over the cores; :func:`set_skinny_routing` turns that off and on,
+``NEXUS_MLX_SKINNY=0`` keeps it off from the start. Also the same product up to float32
+summation order.
 
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)

@@ -139,19 +139,19 @@ def sur_select(
     best-ranked unit (see the module notes)."""
     if tokenizer is None:
         raise ArgumentError("SUR reads the text of the tokens: a tokenizer is required")
-    width = min(checked_seam(seam), budget, len(tokens))
+    seam_rows = min(checked_seam(seam), budget, len(tokens))
     text, spans = token_char_spans(tokenizer, tokens)
     units = units_from_text(text, spans)
     r = token_relevance(model, tokens, query_tokens)
     scores, means = unit_scores(r, units), unit_means(r, units)
-    units, origin = with_seam(units, width)  # a cut unit ranks as the whole unit did
+    units, origin = with_seam(units, seam_rows)  # a cut unit ranks as the whole unit did
 
     def window(u: int, width: int) -> int:
         a, b = units.ranges[u]
         return best_window(decay_envelope(r[a:b]), width)
 
     order = rank(scores[origin], means[origin])
-    if width and order[0] != 0:  # the seam right after the best unit, whatever its own rank
+    if seam_rows and order[0] != 0:  # the seam right after the best unit, whatever its rank
         rest = order[order != 0]
         order = np.concatenate([rest[:1], [0], rest[1:]])
     return admit_units(units, order, budget, window)

@@ -11,9 +11,9 @@ against ``request.query_tokens``; units are :func:`units_from_text` of the decod
   ``w`` goes to the width-``w`` window of the next ranked unit maximising the sum of the
   forward-decay envelope ``u_t = max(exp(r_t - r_max), exp(-1/16) u_{t-1})``, ``u_0 = 0``, over
   that unit (``r_max`` its largest ``r``; the argmax does not depend on it). Earliest window wins ties.
-  Before any ranked unit it admits the seam: the first ``min(seam, B)`` suffix rows, right after
-  the edit (option ``seam``, default ``SEAM_ROWS`` = 4; ``seam=0`` is the paper's rule exactly).
-  See :mod:`nexus_mlx.sur.select` for why.
+  Right after the best-ranked unit it admits the seam: the first ``seam`` suffix rows, right
+  after the edit (option ``seam``, default ``SEAM_ROWS`` = 4; ``seam=0`` is the paper's rule
+  exactly). See :mod:`nexus_mlx.sur.select` for why.
 - ``dense_tokens``: the ``B`` tokens of highest ``r`` (earlier wins ties).
 - ``single_window``: the contiguous width-``B`` window of highest total ``r`` (earliest wins ties).
 - ``bm25_units``: units ranked by BM25 against the query (k1 = 1.2, b = 0.75; terms: maximal
