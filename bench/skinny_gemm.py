@@ -1,6 +1,6 @@
 """Few-row products against weight matrices: the BLAS shim's skinny kernel against OpenBLAS.
 
-Contract: ``python bench/skinny_gemm.py [--quick] [--model M]`` times, interleaved trial by
+Contract: ``python bench/skinny_gemm.py [--quick] [--model M] [--tag T]`` times, interleaved trial by
 trial with the routing on and off (:func:`~nexus_mlx._platform.blas.set_skinny_routing`):
 
 - ``gemm``: ``x @ W.T`` for ``rows`` in 1, 2, 3, 4, 6, 8, 12 against the weight shapes of
@@ -115,7 +115,7 @@ def forward_rows(model: object, trials: int) -> list[dict[str, Any]]:
     return out
 
 
-def draw(gemm: list[dict[str, Any]], fwd: list[dict[str, Any]], quick: bool) -> None:
+def draw(gemm: list[dict[str, Any]], fwd: list[dict[str, Any]], name: str, quick: bool) -> None:
     fig, (left, right) = plots.figure(ncols=2, width=10.0)
     for shape in dict.fromkeys(str(r["shape"]) for r in gemm):
         rows = [r for r in gemm if r["shape"] == shape]
@@ -132,13 +132,15 @@ def draw(gemm: list[dict[str, Any]], fwd: list[dict[str, Any]], quick: bool) -> 
     right.set_ylabel("forward ms (median)")
     right.set_title("forward, logits of every token")
     right.legend()
-    plots.save(fig, "skinny_gemm", quick)
+    plots.save(fig, name, quick)
 
 
 def main() -> None:
     parser = arg_parser(__doc__ or "")
     add_model_argument(parser)
+    parser.add_argument("--tag", default="", help="write results/skinny_gemm_TAG.json")
     args = parser.parse_args()
+    name = "skinny_gemm" + (f"_{args.tag}" if args.tag else "")
     if not BLAS_STATUS.skinny_routing:
         raise SystemExit(f"the skinny routing is not available here: {BLAS_STATUS}")
     started = time.perf_counter()
@@ -149,8 +151,8 @@ def main() -> None:
     one = next(r for r in fwd if r["tokens"] == 1)["skinny_ms"]
     step_cost = {str(r["tokens"]): float(r["skinny_ms"]) / float(one) for r in fwd}
     step_cost_off = {str(r["tokens"]): float(r["openblas_ms"]) / float(one) for r in fwd}
-    draw(gemm, fwd, args.quick)
-    emit("skinny_gemm", {**model_record(args.model, model), "trials": trials,
+    draw(gemm, fwd, name, args.quick)
+    emit(name, {**model_record(args.model, model), "trials": trials,
                          "gemm": gemm, "forward": fwd, "step_cost": step_cost,
                          "step_cost_openblas": step_cost_off,
                          "seconds": time.perf_counter() - started,
