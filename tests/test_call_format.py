@@ -14,15 +14,20 @@ from hypothesis import strategies as st
 from nexus_mlx.decode.call_format import (
     CALL_CLOSE,
     CALL_OPEN,
-    ResponseConstraint,
-    TurnConstraint,
     call_schema,
+    call_spans,
     checked_calls,
+    cut_at_stop,
     grounded_calls,
     normalized_messages,
     parse_tool_calls,
-    response_schema,
     textual_messages,
+)
+from nexus_mlx.decode.turn_constraint import (
+    CallsOrResponse,
+    ResponseConstraint,
+    TurnConstraint,
+    response_schema,
     turn_constraint,
 )
 from nexus_mlx.errors import ArgumentError, ToolError
@@ -169,9 +174,72 @@ def test_response_format(default_tokenizer):
     rc = ResponseConstraint(default_tokenizer, schema)
     assert all(_drive(rc, default_tokenizer, '{"city": "Paris"}'))
     assert set(np.flatnonzero(rc.allowed())) == set(rc.eos_ids)
-    with pytest.raises(ArgumentError, match="both"):
-        turn_constraint(default_tokenizer, [TIME], "required", True, {"type": "json_object"})
+    forced = turn_constraint(default_tokenizer, [TIME], "required", True, {"type": "json_object"})
+    assert isinstance(forced, TurnConstraint)  # a forced turn is calls alone: no content to shape
     assert turn_constraint(default_tokenizer, [], "auto", True, None) is None
+    with pytest.raises(ArgumentError, match="needs tools"):
+        turn_constraint(default_tokenizer, [], "required", True, {"type": "json_object"})
+
+
+@pytest.mark.parametrize("reply, calling", [(CALL_TEXT, True), ('{"city": "Paris"}', False)])
+def test_auto_with_a_response_format_is_calls_or_the_format(default_tokenizer, reply, calling):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    turn = turn_constraint(default_tokenizer, [TIME, LOG], "auto", False,
+                           {"type": "json_schema", "json_schema": {"schema": schema}})
+    assert isinstance(turn, CallsOrResponse) and not turn.calling
+    first = turn.allowed()
+    prose = default_tokenizer.encode("Sure", add_special_tokens=False)[0]
+    assert first is not None and not first[prose]  # no prose: a call or the JSON value
+    assert all(_drive(turn, default_tokenizer, reply))
+    assert turn.calling is calling
+    end = turn.allowed()
+    assert end is not None and set(np.flatnonzero(end)) == set(turn_constraint(
+        default_tokenizer, [TIME], "required", False, None).eos_ids)
+    wrong = CallsOrResponse(TurnConstraint(default_tokenizer, [TIME], "required"),
+                            ResponseConstraint(default_tokenizer, schema))
+    assert not all(_drive(wrong, default_tokenizer, '{"town": "Paris"}'))
+
+
+def test_stop_strings_end_prose_never_a_call():
+    text = f'Checking.\n{CALL_TEXT}\nDone. Bye'
+    assert cut_at_stop(text, ["\n"]) == "Checking."
+    assert cut_at_stop(text, ["}", "Bye"], calls=True) == text[: text.index("Bye")]
+    assert cut_at_stop(text, ["\n"], calls=True) == "Checking."
+    after = text[text.index(CALL_OPEN):]
+    assert cut_at_stop(after, ["\n", "UTC"], calls=True) == after[: after.index(CALL_CLOSE)
+                                                                     + len(CALL_CLOSE)]
+    assert cut_at_stop("Hi <tool_c", ["_c"], calls=True) == "Hi <tool_c"  # an opener begun
+    assert cut_at_stop("Hi <tool_c", ["_c"]) == "Hi <tool"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "\n", "}", "{", CALL_OPEN, CALL_CLOSE, "<tool", " ", '"x"']),
+                max_size=12),
+       st.lists(st.sampled_from(["\n", "}", "a", "x", "<", "a\n"]), max_size=3))
+def test_cut_at_stop_is_a_prefix_without_the_stop_in_its_prose(pieces, stop):
+    text = "".join(pieces)
+    for calls in (False, True):
+        cut = cut_at_stop(text, stop, calls)
+        assert text.startswith(cut)
+        spans = call_spans(text) if calls else []
+        for s in stop:  # every stop string before the cut starts inside a call
+            at = text.find(s)
+            while 0 <= at < len(cut):
+                assert any(start <= at < end for start, end in spans), (text, s, at)
+                at = text.find(s, at + 1)
+        if len(cut) < len(text):  # and the cut is at one that does not
+            assert any(text.startswith(s, len(cut)) for s in stop)
+            assert not any(start <= len(cut) < end for start, end in spans)
+
+
+def test_a_call_cut_short_leaves_no_tag_in_the_content():
+    for n in range(1, len(CALL_OPEN)):
+        assert parse_tool_calls("Let me check. " + CALL_OPEN[:n]).content == "Let me check."
+    assert parse_tool_calls("a < b").content == "a < b"
+    for n in range(1, len(CALL_CLOSE) + 1):  # its JSON whole, its closer cut short: it counts
+        turn = parse_tool_calls(CALL_TEXT[:-n])
+        assert [(c.name, c.arguments) for c in turn.calls] == [("get_time", {"timezone": "UTC"})]
+        assert turn.content == "" and not turn.errors
 
 
 def test_messages_for_templates_without_tools():

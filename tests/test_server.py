@@ -30,13 +30,15 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 openai = pytest.importorskip("openai")
 
 from nexus_mlx.agent.session import Session  # noqa: E402
 from nexus_mlx.cli.main import main  # noqa: E402
-from nexus_mlx.decode.call_format import parse_tool_calls  # noqa: E402
+from nexus_mlx.decode.call_format import cut_at_stop, parse_tool_calls  # noqa: E402
 from nexus_mlx.models.build import model_classes  # noqa: E402
 from nexus_mlx.models.forward import forward, make_cache  # noqa: E402
 from nexus_mlx.server import Server, serve  # noqa: E402
@@ -411,6 +413,59 @@ def test_a_json_object_reply_is_one_object(tiny_server):
         assert isinstance(json.loads(reply.message.content), dict)
 
 
+def test_stop_strings_do_not_cut_a_forced_tool_call(tiny_server):
+    # A forced turn is calls alone: "\n" (inside "<tool_call>\n{...}") and "}" would cut the
+    # call, leaving no call under "required" or arguments that are not JSON.
+    c = client(tiny_server)
+    ask = dict(model="tiny", messages=ASK_TIME, tools=TINY_TOOLS, max_tokens=40,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}},
+               parallel_tool_calls=False, stop=["\n", "}"])
+    whole = c.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    [(name, arguments)] = calls_of(whole.message)
+    jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+    _, calls, finish, _, _ = assemble(c.chat.completions.create(**ask, stream=True))
+    assert (finish, [(k["name"], k["arguments"]) for k in calls]) == ("tool_calls",
+                                                                      [(name, arguments)])
+
+
+def test_a_negative_seed_samples_reproducibly(tiny_server):
+    # OpenAI's seed is any 64-bit signed integer; numpy's generators take only non-negative ones
+    c = client(tiny_server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Pick words."}], max_tokens=6,
+               temperature=1.0, seed=-(1 << 63))
+    first = c.chat.completions.create(**ask).choices[0].message.content
+    content, _, finish, _, _ = assemble(c.chat.completions.create(**ask, stream=True))
+    assert content == first and finish == "length"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(**{**ask, "seed": 1 << 63})
+    assert info.value.body["param"] == "seed"
+
+
+def test_a_response_format_with_tools_gives_calls_or_content_in_the_format(tiny_server):
+    # As OpenAI reads the pair: under "auto" the model calls or answers in the format; a forced
+    # call has no content, so the format does not hold it back
+    c = client(tiny_server)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    ask = dict(model="tiny", messages=ASK_TIME, tools=TINY_TOOLS, max_tokens=48,
+               parallel_tool_calls=False,
+               response_format={"type": "json_schema", "json_schema": {"name": "city",
+                                                                       "schema": schema}})
+    for choice in ("auto", "required"):
+        whole = c.chat.completions.create(**ask, tool_choice=choice).choices[0]
+        if whole.message.tool_calls:
+            [(name, arguments)] = calls_of(whole.message)
+            jsonschema.validate(json.loads(arguments), TINY_SCHEMAS[name])
+            assert whole.finish_reason == "tool_calls" and not whole.message.content
+        else:
+            assert choice == "auto" and whole.finish_reason == "stop"
+            jsonschema.validate(json.loads(whole.message.content), schema)
+        content, calls, finish, _, _ = assemble(c.chat.completions.create(
+            **ask, tool_choice=choice, stream=True))
+        assert (content or None, [(k["name"], k["arguments"]) for k in calls], finish) == (
+            whole.message.content or None, calls_of(whole.message), whole.finish_reason)
+
+
 # ---- bad requests -----------------------------------------------------------------------------
 USER = [{"role": "user", "content": "hi"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
@@ -458,10 +513,6 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
                              "response_format": {"type": "yaml"}}, 400, "response_format", None),
     ("response-schema-does-not-compile", {"model": "tiny", "messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}}}, 400,
-     "response_format", None),
-    ("forced-call-and-format", {"model": "tiny", "messages": USER, "tools": TOOLS,
-                                "tool_choice": "required",
-                                "response_format": {"type": "json_object"}}, 400,
      "response_format", None),
     ("max-tokens-zero", {"model": "tiny", "messages": USER, "max_tokens": 0}, 400, "max_tokens",
      None),
@@ -674,6 +725,45 @@ def test_the_assembler_reads_text_as_the_session_parser_does():
     assert held.feed("café ST") == [{"content": "é"}]  # " ST" may begin the stop string
     assert held.feed("café STOP and more") == [] and held.finish("café ") == []
     assert held.content == "café"
+
+
+_PROSE = st.lists(st.sampled_from(["Sure.", " ", "\n", "STOP", "ST", "x", "}", "<", "<tool_"]),
+                  max_size=4).map("".join)
+_CALL_TEXT = st.sampled_from([
+    '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x\\nSTOP}"}}\n</tool_call>'])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_PROSE, st.lists(st.tuples(st.sampled_from(["", "\n"]), _CALL_TEXT), max_size=3),
+       st.integers(0, 90), st.lists(st.sampled_from(["STOP", "\n", "}", "x"]), max_size=2))
+def test_the_assembler_agrees_with_the_session_on_any_text(prose, calls, cut, stop):
+    # Texts as the constrained decoder writes them under "auto" (prose, then calls), cut short
+    # anywhere: the session cuts at a stop string outside calls and parses; the assembler, fed
+    # the growing text, reaches the same content and the same whole calls
+    text = prose + "".join(gap + call for gap, call in calls)
+    text = text[: len(text) - cut] if cut < len(text) else text
+    final = cut_at_stop(text, stop, calls=True)
+    assembler, deltas = ReplyAssembler(calls=True, stop=stop), []
+    for end in range(1, len(text) + 1):
+        deltas += assembler.feed(text[:end])
+    deltas += assembler.finish(final)
+    expected = parse_tool_calls(final)
+    assert assembler.content == expected.content
+    assert "".join(d.get("content", "") for d in deltas) == expected.content
+    # a call cut short may have been announced already: it stays, its arguments as written
+    whole = [c for c in assembler.tool_calls if _parses(c.arguments)]
+    assert [(c.name, json.loads(c.arguments)) for c in whole] == \
+        [(c.name, c.arguments) for c in expected.calls]
+    assert len(assembler.tool_calls) - len(whole) <= 1
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_a_plain_text_reply_keeps_its_whitespace_as_generated():

@@ -4,6 +4,9 @@ a budget, and unchanged after every rejected or failed step."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -256,7 +259,6 @@ LOG_TOOL = {"type": "function", "function": {
 
 
 def test_tool_turns_in_the_call_format_on_a_template_without_tools(default_model):
-    import jsonschema
 
     model, tokenizer = default_model
     s = Session(model, tokenizer)
@@ -283,9 +285,52 @@ def test_tool_turns_in_the_call_format_on_a_template_without_tools(default_model
     shaped = s.generate(ask, response_format={"type": "json_schema", "json_schema": {"schema": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
         max_tokens=24)
-    import json
-
     assert isinstance(json.loads(shaped.text)["city"], str) and shaped.finish_reason == "stop"
+
+
+def _nudge(tokenizer, start: str = "<tool_call>"):
+    """A logits processor that leads the reply to begin with ``start`` (by default a call's
+    opener); the model decides the rest."""
+    lead = tokenizer.encode(start, add_special_tokens=False)
+
+    def nudge(ids: mx.array, logits: mx.array) -> mx.array:
+        if ids.size >= len(lead):
+            return logits
+        return logits + 100.0 * (mx.arange(logits.shape[-1]) == lead[ids.size])
+    return nudge
+
+
+def test_stop_strings_end_prose_but_never_cut_a_call(default_model):
+    """Under "auto" a stop string written inside a call (the newline after the opener, the
+    braces of its JSON) does not end the turn; in prose it does."""
+    model, tokenizer = default_model
+    s = Session(model, tokenizer)
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    reply = s.generate(ask, [TIME_TOOL], max_tokens=40, parallel_tool_calls=False,
+                       stop=["\n", "}"], logits_processors=[_nudge(tokenizer)])
+    assert reply.finish_reason == "tool_calls" and [c.name for c in reply.tool_calls] == [
+        "get_current_time"], reply.text
+    jsonschema.validate(reply.tool_calls[0].arguments, TIME_TOOL["function"]["parameters"])
+    prose = s.generate(ask, [TIME_TOOL], max_tokens=24, stop=[" time"],
+                       logits_processors=[_nudge(tokenizer, "The current time")])
+    assert (prose.finish_reason, prose.text, prose.tool_calls) == ("stop_string", "The current",
+                                                                  [])
+
+
+def test_auto_with_a_response_format_answers_in_the_format_or_calls(default_model):
+    model, tokenizer = default_model
+    s = Session(model, tokenizer)
+    ask = [{"role": "user", "content": "Which city is Tokyo's time for? Answer as JSON."}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    shaped = s.generate(ask, [TIME_TOOL], response_format=fmt, max_tokens=24,
+                        logits_processors=[_nudge(tokenizer, '{"city')])
+    called = s.generate(ask, [TIME_TOOL], response_format=fmt, max_tokens=60,  # its own choice
+                        parallel_tool_calls=False)
+    assert shaped.tool_calls == [] and shaped.finish_reason == "stop", shaped.text
+    jsonschema.validate(json.loads(shaped.content), schema)
+    assert [c.name for c in called.tool_calls] == ["get_current_time"], called.text
+    assert called.finish_reason == "tool_calls" and called.content == ""
 
 
 def test_generated_calls_drop_optional_arguments_the_conversation_does_not_support(
@@ -411,8 +456,6 @@ def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
     (lambda a, m: a.update(next_logits=a["next_logits"][:-1]), "next_logits"),
 ])
 def test_a_tampered_session_file_is_refused_naming_the_field(model, tmp_path, tamper, match):
-    import json
-
     from nexus_mlx.agent.session_file import load_session, save_session
     from nexus_mlx.errors import FormatError
 

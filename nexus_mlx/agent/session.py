@@ -64,26 +64,26 @@ import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
-from nexus_mlx.agent.session_decode import cut_at_stop, decode_reply
+from nexus_mlx.agent.session_decode import decode_reply
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
     ParsedTurn,
     checked_calls,
+    cut_at_stop,
     function_of,
     grounded_calls,
     normalized_messages,
     parse_tool_calls,
     renders_tools,
-    response_schema,
     textual_messages,
-    turn_constraint,
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
+from nexus_mlx.decode.turn_constraint import CallsOrResponse, turn_constraint
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot
@@ -429,7 +429,7 @@ class Session:
         returned). ``logits_processors`` (mlx-lm's ``(ids so far, logits (1, V)) -> logits``) run
         before the constraint's mask. ``on_token(id, text_so_far)`` is called after each id (for
         streaming). ``optional_margin``: the restraint on optional call arguments
-        (:class:`~nexus_mlx.decode.call_format.TurnConstraint`; 0: off). ``ground_optional``:
+        (:class:`~nexus_mlx.decode.turn_constraint.TurnConstraint`; 0: off). ``ground_optional``:
         drop from each call the optional arguments the conversation's text does not support
         (:func:`~nexus_mlx.decode.call_format.grounded_calls`; the reply's ``text`` keeps what
         the model wrote)."""
@@ -437,19 +437,17 @@ class Session:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
                                      response_format, self.eos_token_ids, optional_margin)
+        calls = tools and tool_choice != "none"  # whether the reply's text may hold calls
         with self.lock:
             start = time.perf_counter()
             report = self.step(messages, tools)
             out, finish, ttft, guarded, drafts = decode_reply(
-                self, constraint, max_tokens, tuple(stop), sampler or greedy,
+                self, constraint, max_tokens, tuple(stop), bool(calls), sampler or greedy,
                 tuple(logits_processors), on_token, start)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
-        text = cut_at_stop(text, stop)
-        calls_allowed = (bool(tools) and tool_choice != "none"
-                         and (response_format is None or response_schema(response_format) is None))
-        names = [function_of(tool)["name"] for tool in tools or ()]
-        parsed = parse_tool_calls(text, names) if calls_allowed else ParsedTurn(text.strip())
+        text = cut_at_stop(text, stop, bool(calls))
+        parsed = _parsed_reply(text, tools or (), constraint) if calls else ParsedTurn(text.strip())
         parsed = checked_calls(parsed, tools or ())
         if ground_optional and parsed.calls:
             parsed = grounded_calls(parsed, tools or (), quoted_text(messages))
@@ -457,6 +455,14 @@ class Session:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
                      parsed.errors, guarded, drafts)
+
+
+def _parsed_reply(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any) -> ParsedTurn:
+    """The prose and calls of a reply that may hold calls. A reply held to a
+    ``response_format`` is that JSON, never a call written without its tags."""
+    if isinstance(constraint, CallsOrResponse):
+        return parse_tool_calls(text) if constraint.calling else ParsedTurn(text.strip())
+    return parse_tool_calls(text, [function_of(tool)["name"] for tool in tools])
 
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:

@@ -1,11 +1,12 @@
 """The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>`.
 
-Contract: ``decode_reply(session, constraint, max_tokens, stop, sample, processors, on_token,
-start)`` decodes from the session's live cache, after a step, one token at a time under the
+Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
+on_token, start)`` decodes from the session's live cache, after a step, one token at a time under the
 turn's ``constraint`` (None: free text): the logits processors, then the constraint's mask,
 then the close-call guard (stale rows healed first, the token chosen from exact logits), then
 the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
-returned last), a ``stop`` string in the decoded text (``"stop_string"``), ``max_tokens`` or the
+returned last), a ``stop`` string in the decoded text (``"stop_string"``; with ``calls``, the
+reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
 model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
 drafts)`` (``drafts``: the :class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply).
 Every id but the last is then cached and the session's next-token logits are those after it.
@@ -21,12 +22,13 @@ its own; the session's lock is the caller's to hold.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.decode.call_format import cut_at_stop
 from nexus_mlx.decode.generate import LogitsProcessor
 from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
 from nexus_mlx.decode.name_fsm import mask_logits
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 
 
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
-                 sample: Sampler, processors: tuple[LogitsProcessor, ...],
+                 calls: bool, sample: Sampler, processors: tuple[LogitsProcessor, ...],
                  on_token: Callable[[int, str], None] | None, start: float
                  ) -> tuple[list[int], str, float, int, LookaheadStats]:
     """Decode one reply (module docstring)."""
@@ -45,14 +47,15 @@ def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple
                           max_draft=session.draft_tokens,
                           room=lambda: session.max_positions - 1 - session.cache.n_past)
     try:
-        return (*_decode(session, lookahead, constraint, max_tokens, stop, sample, processors,
-                         on_token, start), lookahead.stats)
+        return (*_decode(session, lookahead, constraint, max_tokens, stop, calls, sample,
+                         processors, on_token, start), lookahead.stats)
     finally:
         lookahead.close()  # the cache ends at the last id fed, as without drafts
 
 
 def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens: int,
-            stop: tuple[str, ...], sample: Sampler, processors: tuple[LogitsProcessor, ...],
+            stop: tuple[str, ...], calls: bool, sample: Sampler,
+            processors: tuple[LogitsProcessor, ...],
             on_token: Callable[[int, str], None] | None, start: float
             ) -> tuple[list[int], str, float, int]:
     logits = session.next_token_logits()
@@ -80,7 +83,7 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             text = session.tokenizer.decode(out)
             if on_token is not None:
                 on_token(token, text)
-            if stop and cut_at_stop(text, stop) != text:
+            if stop and cut_at_stop(text, stop, calls) != text:
                 return out, "stop_string", ttft, guarded
         held = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
         if len(out) >= max_tokens or held + 1 >= session.max_positions:
@@ -97,8 +100,3 @@ def _masked_row(logits: mx.array, out: list[int], constraint: Any,
         row = process(mx.array(out, dtype=mx.int32), row)
     return mask_logits(row, mx.array(mask)) if mask is not None else row
 
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to the first occurrence of any stop string."""
-    cuts = [text.find(s) for s in stop if s and s in text]
-    return text[: min(cuts)] if cuts else text

@@ -51,8 +51,8 @@ from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thre
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
-from nexus_mlx.decode.call_format import turn_constraint
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
+from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest

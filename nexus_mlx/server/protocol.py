@@ -7,11 +7,14 @@ offending field in ``param``) — an expected rejection, so a return value. It a
 - ``model`` (a string; whether it is served is the app's check), ``messages``, ``tools``,
   ``tool_choice``, ``parallel_tool_calls`` (:mod:`.messages`);
 - ``response_format``: ``text``, ``json_object`` or ``json_schema`` (``{"name", "schema",
-  "strict"?, "description"?}``); not together with a forced tool call;
+  "strict"?, "description"?}``). With tools under ``tool_choice`` ``"auto"`` the reply is tool
+  calls or content in the format, as the model chooses; a forced call has no content, so the
+  format does not apply to its turn;
 - ``stream`` and ``stream_options.include_usage``; ``max_tokens`` / ``max_completion_tokens``
   (the latter wins; both positive integers); ``temperature`` in [0, 2] (0 or absent: greedy),
-  ``top_p`` in (0, 1] and ``seed`` (an integer), which apply when sampling; ``stop``: a string
-  or a list of up to 4;
+  ``top_p`` in (0, 1] and ``seed`` (a 64-bit signed integer, as OpenAI's), which apply when
+  sampling; ``stop``: a string or a list of up to 4. Stop strings end the reply's content,
+  never a tool call (one written inside a call's text does not count);
 - fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
   ``n: 1``, zero penalties, ...). Any other field, or a value these cannot honour (``n: 2``,
   ``logprobs: true``), is refused by name rather than ignored.
@@ -29,6 +32,7 @@ from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.messages import NAME, check_messages, check_tool_choice, check_tools
 
 MAX_STOP = 4
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's range: a signed 64-bit integer
 # fields that change nothing here, with the values that keep it so
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: v is None or isinstance(v, str),
@@ -82,7 +86,7 @@ class ChatRequest:
     @property
     def calls_allowed(self) -> bool:
         """Whether the reply may hold tool calls."""
-        return bool(self.tools) and self.tool_choice != "none" and self.response_format is None
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 def _bool(value: Any, name: str) -> bool:
@@ -109,6 +113,8 @@ def _number(value: Any, name: str, low: float, high: float, *, open_low: bool = 
 def _seed(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(f"seed must be an integer, got {value!r}")
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise ArgumentError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {value!r}")
     return value
 
 
@@ -215,8 +221,4 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
     completion = values.pop("max_completion_tokens", None)
     if completion is not None:
         values["max_tokens"] = completion
-    forced = values.get("tool_choice", "auto") not in ("none", "auto")
-    if forced and values.get("response_format") is not None:
-        return ApiError(400, "a request cannot both force a tool call (tool_choice) and ask for "
-                        "a response_format", "response_format")
     return ChatRequest(**values)

@@ -4,7 +4,8 @@ Contract: :func:`make_sampler` ``(temperature, top_p, seed)`` returns None for g
 (temperature 0) or a callable ``(logprobs (1, V) mx.array) -> (1,) mx.array`` holding the sampled
 id. It draws from ``softmax(logprobs / temperature)`` restricted to the smallest set of ids whose
 probability reaches ``top_p`` (ties broken by id), with a ``numpy`` generator seeded by ``seed``
-(fresh entropy when None): the same seed over the same logits gives the same ids, whatever else
+(fresh entropy when None; a negative seed, which OpenAI's API allows, is read as its unsigned
+64-bit two's complement): the same seed over the same logits gives the same ids, whatever else
 the process samples. Ids a constraint masked (``-inf``) are never drawn. It must run where the
 logits are evaluated (the session's decode loop); it knows nothing about requests or sessions.
 """
@@ -23,7 +24,7 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
                  ) -> Sampler | None:
     if temperature <= 0:
         return None
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(None if seed is None else seed % (1 << 64))  # numpy: >= 0
 
     def sample(logprobs: mx.array) -> mx.array:
         scaled = np.array(logprobs.astype(mx.float32), dtype=np.float64).reshape(-1) / temperature

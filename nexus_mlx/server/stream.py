@@ -11,12 +11,13 @@ Afterwards ``content`` and ``tool_calls`` hold the assembled message. Deltas are
 
 The text's reading is the session's (:func:`~nexus_mlx.decode.call_format.parse_tool_calls`):
 a call runs from ``<tool_call>`` to the first ``</tool_call>`` (or the end); the content is the
-text outside calls, stripped. So whitespace at either end of the content is held back until
-text follows it, as is a tail that may begin a stop string or a call opener, and a trailing
-U+FFFD run (a character whose bytes are not all generated yet). A call's arguments are streamed as
-their raw JSON text (the constrained grammar writes ``{"name": ..., "arguments": {...}}`` in that
-order); a call written otherwise is parsed whole when it closes. Without ``calls`` (no tools,
-``tool_choice`` "none", a ``response_format``) every character is content, whitespace at its
+text outside calls, stripped, without a trailing start of an opener (a call cut short), and a
+stop string ends it only outside calls. So whitespace at either end of the content is held back
+until text follows it, as is a tail that may begin a stop string or a call opener, and a
+trailing U+FFFD run (a character whose bytes are not all generated yet). A call's arguments are
+streamed as their raw JSON text (the constrained grammar writes ``{"name": ..., "arguments":
+{...}}`` in that order); a call written otherwise is parsed whole when it closes. Without
+``calls`` (no tools, or ``tool_choice`` "none") every character is content, whitespace at its
 ends included, exactly as generated (as the OpenAI API and mlx_lm.server return it).
 
 Limits: a text that rewrites what it already showed (a tokenizer that cleans up spaces across
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nexus_mlx.decode.call_format import CALL_CLOSE, CALL_OPEN
+from nexus_mlx.decode.call_format import CALL_CLOSE, CALL_OPEN, cut_at_stop, partial_suffix
 
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', re.S)
 _ARGS = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)', re.S)
@@ -97,19 +98,6 @@ class _ValueEnd:
         return stop
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that is a proper start of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    cuts = [text.find(s) for s in stop if s and s in text]
-    return text[: min(cuts)] if cuts else text
-
-
 class ReplyAssembler:
     """See the module docstring."""
 
@@ -141,12 +129,12 @@ class ReplyAssembler:
     def _limit(self, text: str, final: bool) -> int:
         if final:
             return len(text)
-        hold = max([_partial_suffix(text, s) for s in self.stop] + [0])
+        hold = max([partial_suffix(text, s) for s in self.stop] + [0])
         unfinished = len(text) - len(text.rstrip("\ufffd"))  # bytes of a character to come
         return len(text) - max(hold, unfinished)
 
     def _advance(self, text: str, final: bool) -> list[Delta]:
-        text = cut_at_stop(text, self.stop)
+        text = cut_at_stop(text, self.stop, self.calls_enabled)
         limit = self._limit(text, final)
         deltas: list[Delta] = []
         while self._pos < limit:
@@ -166,8 +154,8 @@ class ReplyAssembler:
                 self._open_call(start + len(CALL_OPEN))
                 continue
             end = limit
-            if self.calls_enabled and not final:
-                end -= _partial_suffix(text[self._pos:limit], CALL_OPEN)
+            if self.calls_enabled:  # an opener's start: held back, and dropped at the end
+                end -= partial_suffix(text[self._pos:limit], CALL_OPEN)
             deltas += self._prose(text[self._pos:end])
             self._pos = end
             break
