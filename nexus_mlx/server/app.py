@@ -1,4 +1,5 @@
-"""The HTTP surface: a Starlette app with OpenAI's chat-completions routes over an :class:`Engine`.
+"""The HTTP surface: a Starlette app with OpenAI's chat-completions and Responses routes over an
+:class:`Engine`.
 
 Contract: ``build_app(engine, model_names)`` serves
 
@@ -10,6 +11,9 @@ Contract: ``build_app(engine, model_names)`` serves
   (``chat.completion.chunk``: the role, content pieces, incremental tool calls, a last chunk
   with ``finish_reason``, a usage chunk with ``stream_options.include_usage``, then
   ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`).
+- ``POST /v1/responses``: the Responses API, read as the chat request it asks for
+  (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
+  its typed events (:mod:`.answers`).
 - ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters and the
   pool's sessions and bytes).
 
@@ -27,8 +31,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -40,9 +45,11 @@ from starlette.routing import Route
 
 from nexus_mlx.errors import NexusError
 from nexus_mlx.server import responses as R
+from nexus_mlx.server.answers import Answer, ChatAnswer, ResponsesAnswer
 from nexus_mlx.server.engine import Engine, Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
 from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.responses_api_request import parse_responses_request
 from nexus_mlx.server.stream import ReplyAssembler
 
 log = logging.getLogger("nexus_mlx.server")
@@ -64,11 +71,25 @@ def _internal(exc: BaseException) -> ApiError:
                     type="server_error")
 
 
-class ChatHandler:
-    """``POST /v1/chat/completions`` (see the module docstring)."""
+@dataclass(frozen=True)
+class Api:
+    """One API over the engine: how its body is read, and how its reply is answered."""
 
-    def __init__(self, engine: Engine, model_names: list[str], executor: Executor) -> None:
-        self.engine, self.model_names, self.executor = engine, model_names, executor
+    parse: Callable[[Any], Any]  # body -> its request, or an ApiError
+    chat: Callable[[Any], ChatRequest]  # its request -> the chat request the engine serves
+    answer: Callable[[Any, ReplyAssembler], Answer]
+
+
+CHAT = Api(parse_chat_request, lambda r: r, ChatAnswer)
+RESPONSES = Api(parse_responses_request, lambda r: r.chat, ResponsesAnswer)
+
+
+class GenerationHandler:
+    """``POST /v1/chat/completions`` and ``POST /v1/responses`` (see the module docstring)."""
+
+    def __init__(self, api: Api, engine: Engine, model_names: list[str],
+                 executor: Executor) -> None:
+        self.api, self.engine, self.model_names, self.executor = api, engine, model_names, executor
 
     async def handle(self, request: Request) -> Response:
         arrived = time.perf_counter()
@@ -76,26 +97,30 @@ class ChatHandler:
             body = json.loads(await request.body())
         except (ValueError, RecursionError) as exc:  # too deeply nested: RecursionError
             return _error(ApiError(400, f"the request body is not valid JSON: {exc}"))
-        parsed = parse_chat_request(body)
+        parsed = self.api.parse(body)
         if isinstance(parsed, ApiError):
             return _error(parsed)
-        if parsed.model not in self.model_names:
-            return _error(ApiError(404, f"The model `{parsed.model}` does not exist; this "
+        chat = self.api.chat(parsed)
+        if chat.model not in self.model_names:
+            return _error(ApiError(404, f"The model `{chat.model}` does not exist; this "
                                    f"server serves {self.model_names}", "model",
                                    "model_not_found"))
         loop = asyncio.get_running_loop()
         try:
-            prepared = await loop.run_in_executor(self.executor, self.engine.prepare, parsed,
+            prepared = await loop.run_in_executor(self.executor, self.engine.prepare, chat,
                                                   arrived)
         except Exception as exc:
             return _error(_internal(exc))
         if isinstance(prepared, ApiError):
             return _error(prepared)
-        if parsed.stream:
-            return EventSourceResponse(self._events(prepared), ping=15)
-        return await self._whole(request, prepared)
+        assembler = ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
+        answer = self.api.answer(parsed, assembler)
+        if chat.stream:
+            return EventSourceResponse(self._events(prepared, assembler, answer), ping=15)
+        return await self._whole(request, prepared, assembler, answer)
 
-    async def _whole(self, request: Request, prepared: Prepared) -> Response:
+    async def _whole(self, request: Request, prepared: Prepared, assembler: ReplyAssembler,
+                     answer: Answer) -> Response:
         cancel = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, cancel))
         loop = asyncio.get_running_loop()
@@ -111,15 +136,10 @@ class ChatHandler:
                 return _error(ApiError(499, "the client closed the request", type="cancelled"))
             return _error(ApiError(503, "the generation was cancelled: the server is stopping",
                                    type="server_error"))
-        r = prepared.request
-        assembler = ReplyAssembler(calls=r.calls_allowed, stop=r.stop)
-        assembler.finish(done.reply.text)
-        cid, created = R.completion_id(), R.now()
-        return JSONResponse(R.completion_body(cid, created, r.model, assembler.content,
-                                              assembler.tool_calls, done))
+        return JSONResponse(answer.whole(done, assembler.finish(done.reply.text)))
 
-    async def _events(self, prepared: Prepared) -> AsyncIterator[dict[str, str]]:
-        r: ChatRequest = prepared.request
+    async def _events(self, prepared: Prepared, assembler: ReplyAssembler,
+                      answer: Answer) -> AsyncIterator[dict[str, str]]:
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[Any] = asyncio.Queue()
         cancel = threading.Event()
@@ -138,34 +158,26 @@ class ChatHandler:
 
         job = loop.run_in_executor(self.executor, run)
         job.add_done_callback(lambda f: f.cancelled() or f.exception())  # always retrieved
-        cid, created = R.completion_id(), R.now()
-        assembler = ReplyAssembler(calls=r.calls_allowed, stop=r.stop)
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, str]:
-            return {"data": json.dumps(R.chunk_body(cid, created, r.model, delta, finish,
-                                                    with_usage=r.include_usage))}
-
         try:
-            yield chunk({"role": "assistant", "content": ""})
+            for event in answer.opening():
+                yield event
             while (item := await updates.get()) is not _END:
-                for delta in assembler.feed(item):
-                    yield chunk(delta)
+                for event in answer.deltas(assembler.feed(item)):
+                    yield event
             try:
                 done = await job
             except Exception as exc:
-                yield {"data": json.dumps(_internal(exc).body())}
+                for event in answer.failure(_internal(exc)):
+                    yield event
                 return
             if done is None:  # cancelled while the client listens: the server is stopping
-                yield {"data": json.dumps(ApiError(503, "the generation was cancelled: the "
-                                                   "server is stopping",
-                                                   type="server_error").body())}
+                for event in answer.failure(ApiError(503, "the generation was cancelled: the "
+                                                     "server is stopping", type="server_error")):
+                    yield event
                 return
-            for delta in assembler.finish(done.reply.text):
-                yield chunk(delta)
-            yield chunk({}, R.finish_reason(done.reply, bool(assembler.tool_calls)))
-            if r.include_usage:
-                yield {"data": json.dumps(R.usage_chunk(cid, created, r.model, done))}
-            yield {"data": "[DONE]"}
+            for event in [*answer.deltas(assembler.finish(done.reply.text)),
+                          *answer.closing(done)]:
+                yield event
         finally:
             cancel.set()  # a no-op after a full reply; stops a generation the client left
 
@@ -181,7 +193,8 @@ async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
 def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Starlette:
     """The Starlette app (see the module docstring)."""
     started = R.now()
-    chat = ChatHandler(engine, model_names, executor)
+    chat = GenerationHandler(CHAT, engine, model_names, executor)
+    responses = GenerationHandler(RESPONSES, engine, model_names, executor)
 
     async def models(request: Request) -> Response:
         return JSONResponse(R.models_body(model_names, started))
@@ -204,6 +217,7 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Sta
 
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -1,0 +1,97 @@
+"""How each API the server speaks presents one reply: its server-sent events and its whole body.
+
+Contract: an :class:`Answer` is made per request, over the reply's
+:class:`~.stream.ReplyAssembler`. ``opening()`` gives the stream's first events, ``deltas(ds)``
+the events for the assembler's deltas, ``closing(done)`` the last ones, ``failure(error)`` an
+error event once the stream has started; ``whole(done, deltas)`` is the JSON body of an answer
+not streamed (``deltas``: everything the assembler made of the final text). Events are
+``sse_starlette`` dicts (``data``, and ``event`` where the API names its events).
+
+- :class:`ChatAnswer`: ``chat.completion`` / ``chat.completion.chunk`` (:mod:`.responses`): a
+  role chunk, the deltas, a ``finish_reason`` chunk, a usage chunk with
+  ``stream_options.include_usage``, then ``data: [DONE]``.
+- :class:`ResponsesAnswer`: the Responses API's ``response`` and typed events
+  (:mod:`.responses_api_output`); no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from nexus_mlx.server import responses as R
+from nexus_mlx.server.protocol import ApiError, ChatRequest
+from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.responses_api_output import ResponseWriter
+from nexus_mlx.server.responses_api_request import ResponsesRequest
+from nexus_mlx.server.stream import Delta, ReplyAssembler
+
+Sse = dict[str, str]
+
+
+class Answer(Protocol):
+    def opening(self) -> list[Sse]: ...
+    def deltas(self, deltas: list[Delta]) -> list[Sse]: ...
+    def closing(self, done: Completion) -> list[Sse]: ...
+    def failure(self, error: ApiError) -> list[Sse]: ...
+    def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]: ...
+
+
+class ChatAnswer:
+    """Chat completions (module docstring)."""
+
+    def __init__(self, request: ChatRequest, assembler: ReplyAssembler) -> None:
+        self.r, self.assembler = request, assembler
+        self.id, self.created = R.completion_id(), R.now()
+
+    def _chunk(self, delta: Delta, finish: str | None = None) -> Sse:
+        return {"data": json.dumps(R.chunk_body(self.id, self.created, self.r.model, delta,
+                                                finish, with_usage=self.r.include_usage))}
+
+    def opening(self) -> list[Sse]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def deltas(self, deltas: list[Delta]) -> list[Sse]:
+        return [self._chunk(d) for d in deltas]
+
+    def closing(self, done: Completion) -> list[Sse]:
+        out = [self._chunk({}, R.finish_reason(done.reply, bool(self.assembler.tool_calls)))]
+        if self.r.include_usage:
+            out.append({"data": json.dumps(R.usage_chunk(self.id, self.created, self.r.model,
+                                                         done))})
+        return [*out, {"data": "[DONE]"}]
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return [{"data": json.dumps(error.body())}]
+
+    def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
+        a = self.assembler
+        return R.completion_body(self.id, self.created, self.r.model, a.content, a.tool_calls,
+                                 done)
+
+
+class ResponsesAnswer:
+    """The Responses API (module docstring)."""
+
+    def __init__(self, request: ResponsesRequest, assembler: ReplyAssembler) -> None:
+        self.writer = ResponseWriter(request)
+
+    @staticmethod
+    def _sse(events: list[dict[str, Any]]) -> list[Sse]:
+        return [{"event": e["type"], "data": json.dumps(e)} for e in events]
+
+    def opening(self) -> list[Sse]:
+        return self._sse(self.writer.opening())
+
+    def deltas(self, deltas: list[Delta]) -> list[Sse]:
+        return self._sse(self.writer.events(deltas))
+
+    def closing(self, done: Completion) -> list[Sse]:
+        return self._sse(self.writer.closing(done))
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return self._sse(self.writer.failure(error))
+
+    def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
+        self.writer.events(deltas)
+        return self.writer.body(done)

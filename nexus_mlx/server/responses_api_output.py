@@ -1,0 +1,175 @@
+"""One assistant turn as OpenAI's Responses API returns it: the ``response`` object, and its
+stream of typed events.
+
+Contract: ``ResponseWriter(request)`` follows the chat deltas of one reply
+(:class:`~.stream.ReplyAssembler`'s: content pieces, a call's header, its argument fragments).
+``opening()`` is the stream's first events (``response.created``, ``response.in_progress``);
+``events(deltas)`` the events the deltas make: a ``message`` output item (its ``output_text``
+part added, ``response.output_text.delta`` per piece) or a ``function_call`` item
+(``response.function_call_arguments.delta`` per fragment), each item opened with
+``response.output_item.added`` and closed (``…done`` events, ``response.output_item.done``)
+when the next begins or the reply ends; ``closing(done)`` closes the open item and ends with
+``response.completed`` (or ``response.incomplete``, reason ``max_output_tokens``, for a reply
+cut at the limit); ``failure(error)`` is an ``error`` event. Every event carries its ``type``
+and a ``sequence_number``. ``body(done)`` is the final ``response`` object, which equals the one
+in ``response.completed``; a whole (not streamed) answer feeds all deltas first, so both agree.
+``usage`` has ``input_tokens`` (``input_tokens_details.cached_tokens``), ``output_tokens`` and
+``total_tokens``, plus the chat answers' ``nexus`` extension. It knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from nexus_mlx.server import responses as R
+from nexus_mlx.server.protocol import ApiError
+from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.responses_api_request import ResponsesRequest
+from nexus_mlx.server.stream import Delta
+
+Event = dict[str, Any]
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseWriter:
+    """See the module docstring."""
+
+    def __init__(self, request: ResponsesRequest) -> None:
+        self.request = request
+        self.id, self.created = _id("resp"), R.now()
+        self.output: list[dict[str, Any]] = []  # items, the last one maybe still open
+        self._open = False
+        self._seq = 0
+
+    # ---- the stream ---------------------------------------------------------------------
+    def opening(self) -> list[Event]:
+        shell = self._response("in_progress", None)
+        return [self._event("response.created", response=shell),
+                self._event("response.in_progress", response=shell)]
+
+    def events(self, deltas: list[Delta]) -> list[Event]:
+        out: list[Event] = []
+        for delta in deltas:
+            if delta.get("content"):
+                out += self._text(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                out += self._call(call)
+        return out
+
+    def closing(self, done: Completion) -> list[Event]:
+        out = self._close()
+        body = self.body(done)
+        kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
+        return [*out, self._event(kind, response=body)]
+
+    def failure(self, error: ApiError) -> list[Event]:
+        err = error.body()["error"]
+        return [self._event("error", code=err["code"] or err["type"], message=err["message"],
+                            param=err["param"])]
+
+    # ---- the response -------------------------------------------------------------------
+    def body(self, done: Completion) -> dict[str, Any]:
+        self._close()
+        cut = done.reply.finish_reason == "length"
+        return self._response("incomplete" if cut else "completed", done)
+
+    def _response(self, status: str, done: Completion | None) -> dict[str, Any]:
+        r, echo = self.request.chat, self.request.echo
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "error": None, "model": r.model, "output": list(self.output),
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+            else None,
+            "instructions": echo.get("instructions"), "metadata": echo.get("metadata") or {},
+            "max_output_tokens": echo.get("max_output_tokens"),
+            "parallel_tool_calls": r.parallel_tool_calls, "temperature": r.temperature,
+            "top_p": r.top_p, "text": echo.get("text"), "tool_choice": echo.get("tool_choice"),
+            "tools": echo.get("tools"), "truncation": "disabled", "store": False,
+            "previous_response_id": None, "reasoning": None,
+            "usage": _usage(done) if done is not None else None,
+        }
+
+    # ---- items --------------------------------------------------------------------------
+    def _text(self, piece: str) -> list[Event]:
+        out: list[Event] = []
+        item = self.output[-1] if self._open else None
+        if item is None or item["type"] != "message":
+            out += self._close()
+            item = {"id": _id("msg"), "type": "message", "status": "in_progress",
+                    "role": "assistant", "content": []}
+            out += self._added(item)
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            item["content"].append(part)
+            out.append(self._event("response.content_part.added", item_id=item["id"],
+                                   output_index=len(self.output) - 1, content_index=0,
+                                   part=dict(part)))
+        item["content"][0]["text"] += piece
+        out.append(self._event("response.output_text.delta", item_id=item["id"],
+                               output_index=len(self.output) - 1, content_index=0, delta=piece,
+                               logprobs=[]))
+        return out
+
+    def _call(self, delta: dict[str, Any]) -> list[Event]:
+        function = delta.get("function") or {}
+        if "id" in delta:  # a new call: its name is known
+            out = self._close()
+            item = {"id": _id("fc"), "type": "function_call", "status": "in_progress",
+                    "call_id": delta["id"], "name": function.get("name", ""), "arguments": ""}
+            return out + self._added(item)
+        item = self.output[-1]
+        fragment = function.get("arguments", "")
+        item["arguments"] += fragment
+        return [self._event("response.function_call_arguments.delta", item_id=item["id"],
+                            output_index=len(self.output) - 1, delta=fragment)]
+
+    def _added(self, item: dict[str, Any]) -> list[Event]:
+        self.output.append(item)
+        self._open = True
+        return [self._event("response.output_item.added", output_index=len(self.output) - 1,
+                            item=_copy(item))]
+
+    def _close(self) -> list[Event]:
+        if not self._open:
+            return []
+        self._open = False
+        item, index = self.output[-1], len(self.output) - 1
+        item["status"] = "completed"
+        out: list[Event] = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            out += [self._event("response.output_text.done", item_id=item["id"],
+                                output_index=index, content_index=0, text=part["text"],
+                                logprobs=[]),
+                    self._event("response.content_part.done", item_id=item["id"],
+                                output_index=index, content_index=0, part=dict(part))]
+        else:
+            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                   output_index=index, name=item["name"],
+                                   arguments=item["arguments"]))
+        out.append(self._event("response.output_item.done", output_index=index,
+                               item=_copy(item)))
+        return out
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        event = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return event
+
+
+def _copy(item: dict[str, Any]) -> dict[str, Any]:
+    return {**item, "content": [dict(p) for p in item["content"]]} if "content" in item \
+        else dict(item)
+
+
+def _usage(done: Completion) -> dict[str, Any]:
+    chat = R.usage(done)
+    return {"input_tokens": chat["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"][
+                "cached_tokens"]},
+            "output_tokens": chat["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat["total_tokens"], "nexus": chat["nexus"]}

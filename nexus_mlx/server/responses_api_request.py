@@ -1,0 +1,230 @@
+"""A ``POST /v1/responses`` body (OpenAI's Responses API) read as the chat request it asks for.
+
+Contract: :func:`parse_responses_request` ``(body)`` returns a :class:`ResponsesRequest` (the
+equivalent :class:`~.protocol.ChatRequest` and the fields a response echoes) or an
+:class:`~.protocol.ApiError` (HTTP 400 naming the field). The server is stateless, as with chat
+completions: the client sends the whole conversation in ``input`` each turn, and the pool finds
+the live session that holds it. So:
+
+- ``input``: a string (one user message) or a list of items: messages (``role`` ``user`` /
+  ``assistant`` / ``system`` / ``developer``, the last read as ``system``; ``content`` a string
+  or ``input_text`` / ``output_text`` parts), ``function_call`` (consecutive calls, and the
+  assistant message before them, make one assistant turn) and ``function_call_output`` (a tool
+  result). ``instructions`` is a first system message.
+- ``tools``: ``function`` tools (``name``, ``description``, ``parameters``, ``strict``);
+  ``tool_choice``: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}``;
+  ``parallel_tool_calls``; ``text.format``: ``text`` / ``json_object`` / ``json_schema`` (its
+  ``name``, ``schema``, ``strict``, ``description``); ``max_output_tokens``; ``temperature``;
+  ``top_p``; ``stream``.
+- Fields that change nothing here are accepted (``store``: nothing is stored; ``metadata`` is
+  echoed; ``user``, ``truncation: "disabled"``, ...). What needs state or a capability this
+  server lacks is refused by name: ``previous_response_id`` and ``conversation`` (send the
+  whole conversation), hosted tools (``web_search``, ``file_search``, ...), ``reasoning``
+  items and options, ``background``, non-text input parts, ``include``.
+
+Checks past the translation are the chat request's (:func:`~.protocol.parse_chat_request`);
+their errors name the Responses field (``input`` for ``messages``, ``max_output_tokens``,
+``text.format``). It knows nothing about HTTP or generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nexus_mlx.errors import ArgumentError
+from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
+
+# fields that change nothing here, with the values that keep it so
+_NO_OPS: dict[str, Callable[[Any], bool]] = {
+    "store": lambda v: v in (None, False, True),
+    "metadata": lambda v: v is None or isinstance(v, dict),
+    "user": lambda v: v is None or isinstance(v, str),
+    "safety_identifier": lambda v: v is None or isinstance(v, str),
+    "prompt_cache_key": lambda v: v is None or isinstance(v, str),
+    "prompt_cache_retention": lambda v: v is None or isinstance(v, str),
+    "service_tier": lambda v: v is None or isinstance(v, str),
+    "truncation": lambda v: v in (None, "disabled"),
+    "include": lambda v: v is None or v == [],
+    "reasoning": lambda v: v is None,
+    "previous_response_id": lambda v: v is None,
+    "conversation": lambda v: v is None,
+    "background": lambda v: v in (None, False),
+    "max_tool_calls": lambda v: v is None,
+    "top_logprobs": lambda v: v in (None, 0),
+    "prompt": lambda v: v is None,
+    "stream_options": lambda v: v is None or isinstance(v, dict),
+}
+_WHY = {
+    "previous_response_id": "this server stores no responses: send the whole conversation "
+                            "in input (its live session keeps the cache)",
+    "conversation": "this server stores no conversations: send the whole conversation in input",
+    "reasoning": "this server's models take no reasoning options",
+    "truncation": "only truncation 'disabled' is served: a conversation past the context is "
+                  "refused, not trimmed",
+}
+_PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls")
+_CHAT_PARAM = {"messages": "input", "max_tokens": "max_output_tokens",
+               "response_format": "text.format"}
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    chat: ChatRequest
+    echo: dict[str, Any] = field(default_factory=dict)  # fields the response repeats
+
+
+def parse_responses_request(body: Any) -> ResponsesRequest | ApiError:
+    """The request, or its first problem (module docstring)."""
+    if not isinstance(body, Mapping):
+        return ApiError(400, "the request body must be a JSON object")
+    known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
+             *_PASSED, *_NO_OPS}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
+                        "unknown_parameter")
+    for name, ok in _NO_OPS.items():
+        if name in body and not ok(body[name]):
+            why = _WHY.get(name, "this server cannot honour that value")
+            return ApiError(400, f"{name}={body[name]!r:.80}: {why}", name, "unsupported_value")
+    try:
+        chat = _chat_body(body)
+    except _FieldError as exc:
+        return ApiError(400, str(exc), exc.param)
+    parsed = parse_chat_request(chat)
+    if isinstance(parsed, ApiError):
+        param = _CHAT_PARAM.get(parsed.param or "", parsed.param)
+        return ApiError(parsed.status, parsed.message, param, parsed.code, parsed.type)
+    echo = {name: body.get(name) for name in ("instructions", "metadata", "max_output_tokens")}
+    echo["text"] = body.get("text") or {"format": {"type": "text"}}
+    echo["tools"] = list(body.get("tools") or [])
+    echo["tool_choice"] = body.get("tool_choice", "auto")
+    return ResponsesRequest(parsed, echo)
+
+
+class _FieldError(ArgumentError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
+    chat["messages"] = _messages(body.get("input"), body.get("instructions"))
+    if body.get("tools"):
+        chat["tools"] = [_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
+    if "tool_choice" in body:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    text = body.get("text")
+    if text is not None:
+        if not isinstance(text, Mapping) or set(text) - {"format", "verbosity"}:
+            raise _FieldError("text", f"text must be {{'format': {{...}}}}, got {text!r:.80}")
+        if text.get("format") is not None:
+            chat["response_format"] = _response_format(text["format"])
+    return chat
+
+
+def _list(value: Any, param: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _FieldError(param, f"{param} must be a list, got {value!r:.80}")
+    return value
+
+
+def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _FieldError("instructions", "instructions must be a string")
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for i, item in enumerate(_list(items, "input")):
+        _add_item(messages, item, f"input[{i}]")
+    return messages
+
+
+def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
+    if not isinstance(item, Mapping):
+        raise _FieldError("input", f"{where} must be an object, got {item!r:.80}")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise _FieldError("input", f"{where}.role must be 'user', 'assistant', 'system' or "
+                              f"'developer', got {role!r:.40}")
+        messages.append({"role": "system" if role == "developer" else role,
+                         "content": _text(item.get("content"), f"{where}.content")})
+    elif kind == "function_call":
+        call = {"id": _string(item, "call_id", where), "type": "function",
+                "function": {"name": _string(item, "name", where),
+                             "arguments": _string(item, "arguments", where)}}
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant":  # the same assistant turn
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                         "content": _text(item.get("output"), f"{where}.output")})
+    else:
+        raise _FieldError("input", f"{where}.type {kind!r:.40} is not served here: input items "
+                          "are messages, function_call and function_call_output")
+
+
+def _string(item: Mapping[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise _FieldError("input", f"{where}.{key} must be a string, got {value!r:.80}")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """A content string, or the text of its parts (``input_text``, ``output_text``)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _FieldError("input", f"{where} must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(
+                part.get("text"), str):
+            raise _FieldError("input", f"{where}[{j}] must be a text part (input_text / "
+                              f"output_text); this server reads text only, got {part!r:.80}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, Mapping) else tool
+        raise _FieldError("tools", f"tools[{i}] of type {kind!r:.40} is not served here: "
+                          "only function tools")
+    unknown = sorted(set(tool) - {"type", "name", "description", "parameters", "strict"})
+    if unknown:
+        raise _FieldError("tools", f"tools[{i}] has unknown fields {unknown}")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, str) or choice is None:
+        return choice
+    raise _FieldError("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or "
+                      f"{{'type': 'function', 'name': ...}}, got {choice!r:.80}")
+
+
+def _response_format(fmt: Any) -> dict[str, Any]:
+    if not isinstance(fmt, Mapping):
+        raise _FieldError("text.format", f"text.format must be an object, got {fmt!r:.80}")
+    if fmt.get("type") != "json_schema":
+        return dict(fmt)
+    spec = {k: v for k, v in fmt.items() if k != "type"}
+    return {"type": "json_schema", "json_schema": spec}

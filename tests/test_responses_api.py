@@ -1,0 +1,161 @@
+"""``POST /v1/responses`` over loopback with the real ``openai`` client: whole and streamed
+answers agree (the stream read by the client's own accumulator), calls and their results round
+trip through the live session, and what the server cannot honour is refused by name."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from test_server import TINY_SCHEMAS, _tiny_llama, client, http  # noqa: E402
+
+from nexus_mlx.server import serve  # noqa: E402
+from nexus_mlx.server.responses_api_request import parse_responses_request  # noqa: E402
+
+TOOLS = [{"type": "function", "name": name, "parameters": schema}
+         for name, schema in TINY_SCHEMAS.items()]
+
+
+@pytest.fixture(scope="module")
+def server(default_model):
+    running = serve(_tiny_llama(), default_model[1], model_name="tiny", host="127.0.0.1",
+                    port=0)
+    yield running
+    running.stop()
+
+
+def _streamed(c: Any, **ask: Any) -> tuple[Any, list[Any]]:
+    """The final response the client's stream accumulator builds (the terminal event's, for
+    an incomplete one: the client builds only completed ones), and the events."""
+    with c.responses.stream(**ask) as stream:
+        events = list(stream)
+        if events[-1].type == "response.incomplete":
+            return events[-1].response, events
+        return stream.get_final_response(), events
+
+
+def _items(response: Any) -> list[tuple[Any, ...]]:
+    return [(o.type, o.name, o.arguments) if o.type == "function_call"
+            else (o.type, o.content[0].text) for o in response.output]
+
+
+def test_a_text_reply_streamed_equals_the_whole_one(server):
+    c = client(server)
+    ask = dict(model="tiny", input="Say something.", instructions="Be brief.",
+               max_output_tokens=8, metadata={"run": "1"})
+    whole = c.responses.create(**ask)
+    assert whole.object == "response" and whole.status == "incomplete"
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.output_text and whole.metadata == {"run": "1"}
+    assert whole.usage.output_tokens == 8 and whole.instructions == "Be brief."
+    final, events = _streamed(c, **ask)
+    assert _items(final) == _items(whole) and final.status == "incomplete"
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.incomplete" and "response.output_text.delta" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # the second request repeats the first's prompt: the live session kept it
+    assert final.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_calls_round_trip_and_the_follow_up_reuses_the_session(server):
+    c = client(server)
+    ask = dict(model="tiny", input="What time is it in Tokyo?", tools=TOOLS,
+               tool_choice="required", parallel_tool_calls=False, max_output_tokens=40)
+    whole = c.responses.create(**ask)
+    assert whole.status == "completed"
+    [call] = whole.output
+    assert call.type == "function_call" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), TINY_SCHEMAS[call.name])
+    final, events = _streamed(c, **ask)
+    assert _items(final) == _items(whole)
+    assert "response.function_call_arguments.delta" in [e.type for e in events]
+    follow = c.responses.create(
+        model="tiny", tools=TOOLS, max_output_tokens=6, tool_choice="none",
+        input=[{"role": "user", "content": "What time is it in Tokyo?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": '{"time": "18:00"}'}])
+    assert [o.type for o in follow.output] == ["message"]
+    assert follow.usage.input_tokens_details.cached_tokens > 0
+    named = c.responses.create(**{**ask, "tool_choice": {"type": "function",
+                                                         "name": "get_weather"}})
+    assert [o.name for o in named.output] == ["get_weather"]
+
+
+def test_a_json_schema_format_shapes_the_text(server):
+    schema = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}},
+              "required": ["city"], "additionalProperties": False}
+    reply = client(server).responses.create(
+        model="tiny", input=[{"role": "developer", "content": [
+            {"type": "input_text", "text": "Answer in JSON."}]},
+            {"role": "user", "content": "Pick a city."}],
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema,
+                         "strict": True}}, max_output_tokens=24)
+    assert reply.status == "completed", reply
+    jsonschema.validate(json.loads(reply.output_text), schema)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}, "color": 1}]}, "tools"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"type": "function_call", "call_id": 7, "name": "f", "arguments": "{}"}]},
+     "input"),
+    ({"input": 42}, "input"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_what_cannot_be_honoured_is_refused_by_name(server, body, param):
+    status, answer = http(server, "/v1/responses",
+                          {"model": "tiny", "input": "hi", **body})
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert healthy_after(server)
+
+
+def healthy_after(server: Any) -> bool:
+    status, body = http(server, "/health")
+    return status == 200 and body["status"] == "ok"
+
+
+def test_an_unknown_model_is_not_found(server):
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.create(model="gpt-9", input="hi")
+
+
+def test_items_become_one_conversation():
+    parsed = parse_responses_request({"model": "m", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "g", "arguments": '{"x": 1}'},
+        {"type": "function_call_output", "call_id": "a", "output": "1"},
+        {"type": "function_call_output", "call_id": "b", "output": [
+            {"type": "input_text", "text": "2"}]},
+    ], "tools": [{"type": "function", "name": "f", "parameters": {}},
+                 {"type": "function", "name": "g", "description": "G"}],
+        "tool_choice": {"type": "function", "name": "g"}, "store": True})
+    assert not isinstance(parsed, Exception) and hasattr(parsed, "chat"), parsed
+    chat = parsed.chat
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assistant = chat.messages[2]
+    assert assistant["content"] == "Checking."
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == ["f", "g"]
+    assert [m["content"] for m in chat.messages[3:]] == ["1", "2"]
+    assert chat.tool_choice == {"type": "function", "function": {"name": "g"}}
+    assert [t["function"]["name"] for t in chat.tools] == ["f", "g"]
