@@ -135,7 +135,12 @@ def test_after_a_parallel_call_only_another_call_or_the_end(default_tokenizer):
     after = tc.allowed()
     assert after is not None and 2 <= after.sum() <= 2 + len(tc.eos_ids)
     assert all(_drive(tc, default_tokenizer, "\n" + CALL_TEXT.replace("UTC", "Asia/Tokyo")))
-    assert tc.calls == 2
+    assert tc.calls == 2 and not tc.repeated
+    more = tc.allowed()
+    assert more is not None and more.sum() > len(tc.eos_ids)  # a third call may follow
+    assert all(_drive(tc, default_tokenizer, "\n" + CALL_TEXT))  # the first again, verbatim
+    end = tc.allowed()
+    assert tc.repeated and end is not None and set(np.flatnonzero(end)) == set(tc.eos_ids)
 
 
 def test_auto_is_free_until_the_opener_then_refuses_unknown_names(default_tokenizer):

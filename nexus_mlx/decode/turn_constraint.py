@@ -6,7 +6,9 @@ Contract:
   call's JSON is constrained by the schema grammar, llguidance), ``"required"`` or a tool name
   (the turn starts with a forced opener, the JSON constrained to all tools or the named one).
   After a call closes, a turn with ``parallel`` calls may open another (a newline may come
-  first) or end, and nothing else; otherwise it must end.
+  first) or end, and nothing else; otherwise it must end. A call that repeats an earlier one
+  of the turn verbatim (``repeated``) ends the turn too: small models otherwise loop on one
+  call until ``max_tokens``. The repeat itself stays in the reply, as written.
 - :class:`ResponseConstraint` holds a reply to one JSON value under a ``response_format``'s
   schema, then the end of the turn.
 - :class:`CallsOrResponse` is ``tool_choice`` ``"auto"`` with a ``response_format`` (as the
@@ -74,6 +76,9 @@ class TurnConstraint:
         self._text = ""  # free text since the last call
         self._forced: list[int] = []
         self._json_next = False  # the JSON starts once the forced ids are written
+        self._call_ids: list[int] = []  # the open call's JSON so far
+        self._written: set[tuple[int, ...]] = set()  # the JSON of each call this turn
+        self.repeated = False  # a call repeated an earlier one verbatim: the turn ends
         self.calls = 0
         if choice not in ("none", "auto"):  # the opener as the template would tokenize it
             self._open_call(list(tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False)))
@@ -95,7 +100,7 @@ class TurnConstraint:
             return self._only(self._forced[0])
         if self._json is not None:
             return self._json.allowed_mask()
-        if self.calls and not self.parallel:
+        if self.calls and (not self.parallel or self.repeated):
             return self._only(*self.eos_ids)
         if self.calls:  # after a call: another call (the opener, a newline before it) or the end
             return self._only(self._opener[0], *self._newline[:1], *self.eos_ids)
@@ -131,10 +136,14 @@ class TurnConstraint:
             return
         if self._json is not None:
             self._json.accept_token(token)
+            self._call_ids.append(token)
             if self._json.is_complete():
                 self._json, self._text = None, ""
                 self.calls += 1
                 self._forced = list(self._closer)
+                self.repeated = tuple(self._call_ids) in self._written
+                self._written.add(tuple(self._call_ids))
+                self._call_ids = []
             return
         if self.calls and token == self._opener[0]:  # the next call's opener: write the rest
             self._open_call(self._opener[1:] + self._newline)
