@@ -45,6 +45,7 @@ from nexus_mlx.server import Server, serve  # noqa: E402
 from nexus_mlx.server import responses as R  # noqa: E402
 from nexus_mlx.server.pool import SessionPool, reuse_of  # noqa: E402
 from nexus_mlx.server.protocol import ApiError, parse_chat_request  # noqa: E402
+from nexus_mlx.server.sampling import make_logits_processors  # noqa: E402
 from nexus_mlx.server.stream import ReplyAssembler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -429,6 +430,40 @@ def test_stop_strings_do_not_cut_a_forced_tool_call(tiny_server):
                                                                       [(name, arguments)])
 
 
+def test_penalties_and_logit_bias_match_the_reference():
+    logits = mx.array(np.random.default_rng(0).normal(size=(1, 50)).astype(np.float32))
+    ids = mx.array([3, 7, 3, 3, 9], dtype=mx.int32)
+    [penalize] = make_logits_processors(0.5, 1.25)
+    counts = np.bincount([3, 7, 3, 3, 9], minlength=50)
+    expected = np.array(logits) - 0.5 * counts - 1.25 * (counts > 0)
+    np.testing.assert_allclose(np.array(penalize(ids, logits)), expected, rtol=1e-6)
+    assert np.array_equal(np.array(penalize(mx.array([], dtype=mx.int32), logits)),
+                          np.array(logits))
+    [bias] = make_logits_processors(logit_bias={4: -100.0, 8: 2.5})
+    shifted = np.array(logits)
+    shifted[0, 4] -= 100.0
+    shifted[0, 8] += 2.5
+    np.testing.assert_allclose(np.array(bias(ids, logits)), shifted, rtol=1e-6)
+    assert make_logits_processors(0.0, 0.0, {}) == []
+
+
+def test_penalties_and_logit_bias_are_applied_as_the_library_applies_them(tiny_server, tiny):
+    # a bias of 20 makes the reply one word over and over; the penalties break the run as the
+    # library's processors do
+    c, tokenizer = client(tiny_server), tiny[1]
+    word = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Count."}], max_tokens=12,
+               logit_bias={str(word): 20})
+    plain = c.chat.completions.create(**ask).choices[0].message.content
+    assert plain == tokenizer.decode([word] * 12)
+    penalized = c.chat.completions.create(**ask, frequency_penalty=2.0,
+                                          presence_penalty=2.0).choices[0].message.content
+    same = Session(*tiny).generate(ask["messages"], max_tokens=12,
+                                   logits_processors=make_logits_processors(2.0, 2.0,
+                                                                            {word: 20.0}))
+    assert penalized == same.text != plain and " banana" in penalized
+
+
 def test_a_negative_seed_samples_reproducibly(tiny_server):
     # OpenAI's seed is any 64-bit signed integer; numpy's generators take only non-negative ones
     c = client(tiny_server)
@@ -521,6 +556,14 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
     ("hot", {"model": "tiny", "messages": USER, "temperature": 3}, 400, "temperature", None),
     ("top-p-zero", {"model": "tiny", "messages": USER, "top_p": 0}, 400, "top_p", None),
     ("seed-float", {"model": "tiny", "messages": USER, "seed": 1.5}, 400, "seed", None),
+    ("penalty-too-big", {"model": "tiny", "messages": USER, "frequency_penalty": 3}, 400,
+     "frequency_penalty", None),
+    ("bias-key-not-an-id", {"model": "tiny", "messages": USER, "logit_bias": {"abc": 1}}, 400,
+     "logit_bias", None),
+    ("bias-too-big", {"model": "tiny", "messages": USER, "logit_bias": {"5": 101}}, 400,
+     "logit_bias", None),
+    ("bias-outside-the-vocabulary", {"model": "tiny", "messages": USER,
+                                     "logit_bias": {"10000000": 1}}, 400, "logit_bias", None),
     ("five-stops", {"model": "tiny", "messages": USER, "stop": list("abcde")}, 400, "stop", None),
     ("n-two", {"model": "tiny", "messages": USER, "n": 2}, 400, "n", "unsupported_value"),
     ("unknown-field", {"model": "tiny", "messages": USER, "frobnicate": 1}, 400, "frobnicate",

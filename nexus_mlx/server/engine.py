@@ -54,10 +54,11 @@ from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
+from nexus_mlx.models.arch import model_plan
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.responses import Completion
-from nexus_mlx.server.sampling import make_sampler
+from nexus_mlx.server.sampling import make_logits_processors, make_sampler
 
 DEFAULT_MAX_TOKENS = 512
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Engine:
             self.blocks = run_on_mlx_thread(lambda: ToolBlocks(
                 model, self._renderer.render, template_digest(tokenizer), source="compile"))
         self.context = self._renderer.max_positions
+        self._vocab_size = model_plan(model).vocab_size  # the logits' width
         self.pool = SessionPool(self._new_session, max_sessions=max_sessions,
                                 cache_budget=cache_budget, run=run_on_mlx_thread)
         self._lock = threading.Lock()
@@ -114,6 +116,10 @@ class Engine:
             ids = self._renderer.render(request.messages, request.tools or None)
         except ArgumentError as exc:
             return ApiError(400, str(exc), "messages")
+        outside = sorted(i for i in request.logit_bias if i >= self._vocab_size)
+        if outside:
+            return ApiError(400, f"logit_bias names token ids outside the vocabulary "
+                            f"(size {self._vocab_size}): {outside[:5]}", "logit_bias")
         n, limit = len(ids), self.context
         if n >= limit:
             return ApiError(400, f"This model's maximum context length is {limit} tokens. "
@@ -207,7 +213,9 @@ class Engine:
             r.messages, r.tools or None, tool_choice=r.tool_choice,
             parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
             max_tokens=prepared.max_tokens, stop=r.stop,
-            sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token)
+            sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token,
+            logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
+                                                     r.logit_bias))
         return reply, started
 
     def cancel_all(self) -> None:

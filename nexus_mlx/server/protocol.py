@@ -14,9 +14,11 @@ offending field in ``param``) — an expected rejection, so a return value. It a
   (the latter wins; both positive integers); ``temperature`` in [0, 2] (0 or absent: greedy),
   ``top_p`` in (0, 1] and ``seed`` (a 64-bit signed integer, as OpenAI's), which apply when
   sampling; ``stop``: a string or a list of up to 4. Stop strings end the reply's content,
-  never a tool call (one written inside a call's text does not count);
+  never a tool call (one written inside a call's text does not count); ``frequency_penalty``
+  and ``presence_penalty`` in [-2, 2], ``logit_bias`` (token ids as decimal strings to biases in
+  [-100, 100]), greedy or sampled (:func:`~.sampling.make_logits_processors`);
 - fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
-  ``n: 1``, zero penalties, ...). Any other field, or a value these cannot honour (``n: 2``,
+  ``n: 1``, ...). Any other field, or a value these cannot honour (``n: 2``,
   ``logprobs: true``), is refused by name rather than ignored.
 
 It knows nothing about models, tokenizers, sessions or HTTP beyond the error body's shape.
@@ -45,9 +47,6 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1) and not isinstance(v, bool),
     "logprobs": lambda v: v in (None, False),
     "top_logprobs": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0),
-    "presence_penalty": lambda v: v in (None, 0),
-    "logit_bias": lambda v: v is None or v == {},
     "modalities": lambda v: v is None or v == ["text"],
 }
 
@@ -82,6 +81,9 @@ class ChatRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     @property
     def calls_allowed(self) -> bool:
@@ -108,6 +110,21 @@ def _number(value: Any, name: str, low: float, high: float, *, open_low: bool = 
         bracket = "(" if open_low else "["
         raise ArgumentError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
     return float(value)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}``: ids as decimal strings, biases in [-100, 100]. Whether
+    the ids are in the vocabulary is the engine's check."""
+    if not isinstance(value, Mapping):
+        raise ArgumentError(f"logit_bias must be an object of token ids to biases, got "
+                            f"{value!r:.80}")
+    out = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ArgumentError(f"logit_bias keys must be token ids (decimal strings), got "
+                                f"{key!r:.40}")
+        out[int(key)] = _number(bias, f"logit_bias[{key!r}]", -100.0, 100.0)
+    return out
 
 
 def _seed(value: Any) -> int:
@@ -171,7 +188,8 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         return ApiError(400, "the request body must be a JSON object")
     known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
              "response_format", "stream", "stream_options", "max_tokens",
-             "max_completion_tokens", "temperature", "top_p", "seed", "stop", *_NO_OPS}
+             "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+             "frequency_penalty", "presence_penalty", "logit_bias", *_NO_OPS}
     unknown = sorted(set(body) - known)
     if unknown:
         return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
@@ -202,6 +220,11 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         ("top_p", "top_p", lambda v: _number(v, "top_p", 0.0, 1.0, open_low=True)),
         ("seed", "seed", _seed),
         ("stop", "stop", _stop),
+        ("frequency_penalty", "frequency_penalty",
+         lambda v: _number(v, "frequency_penalty", -2.0, 2.0)),
+        ("presence_penalty", "presence_penalty",
+         lambda v: _number(v, "presence_penalty", -2.0, 2.0)),
+        ("logit_bias", "logit_bias", _logit_bias),
     ]
     for key, target, check in checks:
         if body.get(key) is None:

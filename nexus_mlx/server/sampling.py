@@ -1,4 +1,5 @@
-"""Temperature / top-p sampling with a seeded generator, as a session ``sampler``.
+"""Temperature / top-p sampling with a seeded generator, as a session ``sampler``, and OpenAI's
+penalties and logit bias as logits processors.
 
 Contract: :func:`make_sampler` ``(temperature, top_p, seed)`` returns None for greedy decoding
 (temperature 0) or a callable ``(logprobs (1, V) mx.array) -> (1,) mx.array`` holding the sampled
@@ -8,6 +9,12 @@ probability reaches ``top_p`` (ties broken by id), with a ``numpy`` generator se
 64-bit two's complement): the same seed over the same logits gives the same ids, whatever else
 the process samples. Ids a constraint masked (``-inf``) are never drawn. It must run where the
 logits are evaluated (the session's decode loop); it knows nothing about requests or sessions.
+
+:func:`make_logits_processors` ``(frequency_penalty, presence_penalty, logit_bias)`` returns the
+logits processors of OpenAI's ``frequency_penalty`` / ``presence_penalty`` (a token's logit
+lowered by ``frequency * count + presence * (count > 0)``, ``count`` its occurrences in the
+reply so far) and ``logit_bias`` (``{id: bias}`` added to those ids' logits); none for zeros. They
+run before the turn's constraint, which they cannot loosen (a masked id stays masked).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
+
+from nexus_mlx.decode.generate import LogitsProcessor
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -41,3 +50,24 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
         return mx.array([min(token, probs.size - 1)])
 
     return sample
+
+
+def make_logits_processors(frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                           logit_bias: dict[int, float] | None = None) -> list[LogitsProcessor]:
+    processors: list[LogitsProcessor] = []
+    if frequency_penalty or presence_penalty:
+        def penalize(ids: mx.array, logits: mx.array) -> mx.array:
+            if ids.size == 0:
+                return logits
+            counts = np.bincount(np.asarray(ids).reshape(-1), minlength=logits.shape[-1])
+            penalty = frequency_penalty * counts + presence_penalty * (counts > 0)
+            return logits - mx.array(penalty[: logits.shape[-1]], dtype=logits.dtype)
+        processors.append(penalize)
+    if logit_bias:
+        ids = mx.array(list(logit_bias), dtype=mx.int32)
+        biases = mx.array(list(logit_bias.values()), dtype=mx.float32)
+
+        def bias(_ids: mx.array, logits: mx.array) -> mx.array:
+            return logits.at[..., ids].add(biases.astype(logits.dtype))
+        processors.append(bias)
+    return processors
