@@ -12,7 +12,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from test_server import TINY_SCHEMAS, _tiny_llama, client, http  # noqa: E402
+from test_server import TINY_CONTEXT, TINY_SCHEMAS, _tiny_llama, client, http  # noqa: E402
 
 from nexus_mlx.server import serve  # noqa: E402
 from nexus_mlx.server.responses_api_request import parse_responses_request  # noqa: E402
@@ -52,6 +52,7 @@ def test_a_text_reply_streamed_equals_the_whole_one(server):
     assert whole.object == "response" and whole.status == "incomplete"
     assert whole.incomplete_details.reason == "max_output_tokens"
     assert whole.output_text and whole.metadata == {"run": "1"}
+    assert whole.output[-1].status == "incomplete"  # the item the limit cut
     assert whole.usage.output_tokens == 8 and whole.instructions == "Be brief."
     final, events = _streamed(c, **ask)
     assert _items(final) == _items(whole) and final.status == "incomplete"
@@ -119,6 +120,11 @@ def test_a_json_schema_format_shapes_the_text(server):
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
     ({"frobnicate": 1}, "frobnicate"),
+    # the engine's checks, named as the Responses API names the fields
+    ({"max_output_tokens": TINY_CONTEXT}, "max_output_tokens"),
+    ({"input": "word " * (TINY_CONTEXT + 10)}, "input"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 7}}}},
+     "text.format"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(server, body, param):
     status, answer = http(server, "/v1/responses",

@@ -562,6 +562,8 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
      "logit_bias", None),
     ("bias-too-big", {"model": "tiny", "messages": USER, "logit_bias": {"5": 101}}, 400,
      "logit_bias", None),
+    ("bias-key-a-superscript", {"model": "tiny", "messages": USER, "logit_bias": {"\u00b2": 1}},
+     400, "logit_bias", None),  # str.isdigit() holds, int() refuses it
     ("bias-outside-the-vocabulary", {"model": "tiny", "messages": USER,
                                      "logit_bias": {"10000000": 1}}, 400, "logit_bias", None),
     ("five-stops", {"model": "tiny", "messages": USER, "stop": list("abcde")}, 400, "stop", None),

@@ -49,7 +49,7 @@ from nexus_mlx.server.answers import Answer, ChatAnswer, ResponsesAnswer
 from nexus_mlx.server.engine import Engine, Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
 from nexus_mlx.server.responses import Completion
-from nexus_mlx.server.responses_api_request import parse_responses_request
+from nexus_mlx.server.responses_api_request import parse_responses_request, responses_error
 from nexus_mlx.server.stream import ReplyAssembler
 
 log = logging.getLogger("nexus_mlx.server")
@@ -78,10 +78,11 @@ class Api:
     parse: Callable[[Any], Any]  # body -> its request, or an ApiError
     chat: Callable[[Any], ChatRequest]  # its request -> the chat request the engine serves
     answer: Callable[[Any, ReplyAssembler], Answer]
+    error: Callable[[ApiError], ApiError] = lambda e: e  # the engine's error, in its field names
 
 
 CHAT = Api(parse_chat_request, lambda r: r, ChatAnswer)
-RESPONSES = Api(parse_responses_request, lambda r: r.chat, ResponsesAnswer)
+RESPONSES = Api(parse_responses_request, lambda r: r.chat, ResponsesAnswer, responses_error)
 
 
 class GenerationHandler:
@@ -112,7 +113,7 @@ class GenerationHandler:
         except Exception as exc:
             return _error(_internal(exc))
         if isinstance(prepared, ApiError):
-            return _error(prepared)
+            return _error(self.api.error(prepared))
         assembler = ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
         answer = self.api.answer(parsed, assembler)
         if chat.stream:

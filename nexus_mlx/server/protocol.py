@@ -120,7 +120,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
                             f"{value!r:.80}")
     out = {}
     for key, bias in value.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):  # not '²', '٣'
             raise ArgumentError(f"logit_bias keys must be token ids (decimal strings), got "
                                 f"{key!r:.40}")
         out[int(key)] = _number(bias, f"logit_bias[{key!r}]", -100.0, 100.0)

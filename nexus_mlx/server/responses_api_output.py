@@ -61,7 +61,7 @@ class ResponseWriter:
         return out
 
     def closing(self, done: Completion) -> list[Event]:
-        out = self._close()
+        out = self._close(_status(done))
         body = self.body(done)
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return [*out, self._event(kind, response=body)]
@@ -73,9 +73,8 @@ class ResponseWriter:
 
     # ---- the response -------------------------------------------------------------------
     def body(self, done: Completion) -> dict[str, Any]:
-        self._close()
-        cut = done.reply.finish_reason == "length"
-        return self._response("incomplete" if cut else "completed", done)
+        self._close(_status(done))
+        return self._response(_status(done), done)
 
     def _response(self, status: str, done: Completion | None) -> dict[str, Any]:
         r, echo = self.request.chat, self.request.echo
@@ -132,12 +131,14 @@ class ResponseWriter:
         return [self._event("response.output_item.added", output_index=len(self.output) - 1,
                             item=_copy(item))]
 
-    def _close(self) -> list[Event]:
+    def _close(self, status: str = "completed") -> list[Event]:
+        """Close the open item (``status``: ``incomplete`` for the last one of a reply cut at
+        the limit)."""
         if not self._open:
             return []
         self._open = False
         item, index = self.output[-1], len(self.output) - 1
-        item["status"] = "completed"
+        item["status"] = status
         out: list[Event] = []
         if item["type"] == "message":
             part = item["content"][0]
@@ -158,6 +159,10 @@ class ResponseWriter:
         event = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
         return event
+
+
+def _status(done: Completion) -> str:
+    return "incomplete" if done.reply.finish_reason == "length" else "completed"
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

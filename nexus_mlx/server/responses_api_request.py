@@ -23,8 +23,9 @@ the live session that holds it. So:
   items and options, ``background``, non-text input parts, ``include``.
 
 Checks past the translation are the chat request's (:func:`~.protocol.parse_chat_request`);
-their errors name the Responses field (``input`` for ``messages``, ``max_output_tokens``,
-``text.format``). It knows nothing about HTTP or generation.
+their errors, and the engine's (:func:`responses_error`), name the Responses field (``input``
+for ``messages``, ``max_output_tokens``, ``text.format``). It knows nothing about HTTP or
+generation.
 """
 
 from __future__ import annotations
@@ -89,14 +90,12 @@ def parse_responses_request(body: Any) -> ResponsesRequest | ApiError:
         if name in body and not ok(body[name]):
             why = _WHY.get(name, "this server cannot honour that value")
             return ApiError(400, f"{name}={body[name]!r:.80}: {why}", name, "unsupported_value")
-    try:
-        chat = _chat_body(body)
-    except _FieldError as exc:
-        return ApiError(400, str(exc), exc.param)
+    chat = _chat_body(body)
+    if isinstance(chat, ApiError):
+        return chat
     parsed = parse_chat_request(chat)
     if isinstance(parsed, ApiError):
-        param = _CHAT_PARAM.get(parsed.param or "", parsed.param)
-        return ApiError(parsed.status, parsed.message, param, parsed.code, parsed.type)
+        return responses_error(parsed)
     echo = {name: body.get(name) for name in ("instructions", "metadata", "max_output_tokens")}
     echo["text"] = body.get("text") or {"format": {"type": "text"}}
     echo["tools"] = list(body.get("tools") or [])
@@ -104,60 +103,81 @@ def parse_responses_request(body: Any) -> ResponsesRequest | ApiError:
     return ResponsesRequest(parsed, echo)
 
 
-class _FieldError(ArgumentError):
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
+def responses_error(error: ApiError) -> ApiError:
+    """A chat request's error (the parser's or the engine's) naming the Responses field."""
+    param = _CHAT_PARAM.get(error.param or "", error.param)
+    return ApiError(error.status, error.message, param, error.code, error.type)
 
 
-def _chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
+def _chat_body(body: Mapping[str, Any]) -> dict[str, Any] | ApiError:
+    """The chat request's body, or the first field that cannot be read as one."""
     chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
-    chat["messages"] = _messages(body.get("input"), body.get("instructions"))
-    if body.get("tools"):
-        chat["tools"] = [_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
-    if "tool_choice" in body:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    text = body.get("text")
-    if text is not None:
-        if not isinstance(text, Mapping) or set(text) - {"format", "verbosity"}:
-            raise _FieldError("text", f"text must be {{'format': {{...}}}}, got {text!r:.80}")
-        if text.get("format") is not None:
-            chat["response_format"] = _response_format(text["format"])
+    param = "instructions"  # the field being read: the one an error names
+    try:
+        system = _instructions(body.get("instructions"))
+        param = "input"
+        chat["messages"] = system + _input(body.get("input"))
+        param = "tools"
+        if body.get("tools"):
+            chat["tools"] = [_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
+        param = "tool_choice"
+        if "tool_choice" in body:
+            chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        param = "text"
+        fmt = _format_of(body.get("text"))
+        param = "text.format"
+        if fmt is not None:
+            chat["response_format"] = _response_format(fmt)
+    except ArgumentError as exc:
+        return ApiError(400, str(exc), param)
     return chat
 
 
 def _list(value: Any, param: str) -> list[Any]:
     if not isinstance(value, list):
-        raise _FieldError(param, f"{param} must be a list, got {value!r:.80}")
+        raise ArgumentError(f"{param} must be a list, got {value!r:.80}")
     return value
 
 
-def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise _FieldError("instructions", "instructions must be a string")
-        messages.append({"role": "system", "content": instructions})
+def _instructions(instructions: Any) -> list[dict[str, Any]]:
+    if instructions is None:
+        return []
+    if not isinstance(instructions, str):
+        raise ArgumentError("instructions must be a string")
+    return [{"role": "system", "content": instructions}]
+
+
+def _input(items: Any) -> list[dict[str, Any]]:
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
     for i, item in enumerate(_list(items, "input")):
         _add_item(messages, item, f"input[{i}]")
     return messages
 
 
+def _format_of(text: Any) -> Any:
+    """``text.format`` (None when absent)."""
+    if text is None:
+        return None
+    if not isinstance(text, Mapping) or set(text) - {"format", "verbosity"}:
+        raise ArgumentError(f"text must be {{'format': {{...}}}}, got {text!r:.80}")
+    return text.get("format")
+
+
 def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
     if not isinstance(item, Mapping):
-        raise _FieldError("input", f"{where} must be an object, got {item!r:.80}")
+        raise ArgumentError(f"{where} must be an object, got {item!r:.80}")
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
-            raise _FieldError("input", f"{where}.role must be 'user', 'assistant', 'system' or "
+            raise ArgumentError(f"{where}.role must be 'user', 'assistant', 'system' or "
                               f"'developer', got {role!r:.40}")
         messages.append({"role": "system" if role == "developer" else role,
-                         "content": _text(item.get("content"), f"{where}.content")})
+                         "content": _content_text(item.get("content"), f"{where}.content")})
     elif kind == "function_call":
         call = {"id": _string(item, "call_id", where), "type": "function",
                 "function": {"name": _string(item, "name", where),
@@ -169,31 +189,31 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
         messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                         "content": _text(item.get("output"), f"{where}.output")})
+                         "content": _content_text(item.get("output"), f"{where}.output")})
     else:
-        raise _FieldError("input", f"{where}.type {kind!r:.40} is not served here: input items "
+        raise ArgumentError(f"{where}.type {kind!r:.40} is not served here: input items "
                           "are messages, function_call and function_call_output")
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise _FieldError("input", f"{where}.{key} must be a string, got {value!r:.80}")
+        raise ArgumentError(f"{where}.{key} must be a string, got {value!r:.80}")
     return value
 
 
-def _text(content: Any, where: str) -> str:
+def _content_text(content: Any, where: str) -> str:
     """A content string, or the text of its parts (``input_text``, ``output_text``)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _FieldError("input", f"{where} must be a string or a list of text parts")
+        raise ArgumentError(f"{where} must be a string or a list of text parts")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind not in ("input_text", "output_text", "text") or not isinstance(
                 part.get("text"), str):
-            raise _FieldError("input", f"{where}[{j}] must be a text part (input_text / "
+            raise ArgumentError(f"{where}[{j}] must be a text part (input_text / "
                               f"output_text); this server reads text only, got {part!r:.80}")
         texts.append(part["text"])
     return "".join(texts)
@@ -202,11 +222,11 @@ def _text(content: Any, where: str) -> str:
 def _tool(tool: Any, i: int) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or tool.get("type") != "function":
         kind = tool.get("type") if isinstance(tool, Mapping) else tool
-        raise _FieldError("tools", f"tools[{i}] of type {kind!r:.40} is not served here: "
+        raise ArgumentError(f"tools[{i}] of type {kind!r:.40} is not served here: "
                           "only function tools")
     unknown = sorted(set(tool) - {"type", "name", "description", "parameters", "strict"})
     if unknown:
-        raise _FieldError("tools", f"tools[{i}] has unknown fields {unknown}")
+        raise ArgumentError(f"tools[{i}] has unknown fields {unknown}")
     function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
                 if tool.get(k) is not None}
     return {"type": "function", "function": function}
@@ -217,13 +237,13 @@ def _tool_choice(choice: Any) -> Any:
         return {"type": "function", "function": {"name": choice.get("name")}}
     if isinstance(choice, str) or choice is None:
         return choice
-    raise _FieldError("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or "
+    raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or "
                       f"{{'type': 'function', 'name': ...}}, got {choice!r:.80}")
 
 
 def _response_format(fmt: Any) -> dict[str, Any]:
     if not isinstance(fmt, Mapping):
-        raise _FieldError("text.format", f"text.format must be an object, got {fmt!r:.80}")
+        raise ArgumentError(f"text.format must be an object, got {fmt!r:.80}")
     if fmt.get("type") != "json_schema":
         return dict(fmt)
     spec = {k: v for k, v in fmt.items() if k != "type"}
