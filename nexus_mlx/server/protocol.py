@@ -182,6 +182,24 @@ def _error(exc: ArgumentError, param: str) -> ApiError:
     return ApiError(400, str(exc), param)
 
 
+def field_problem(body: Mapping[str, Any], known: set[str],
+                  no_ops: Mapping[str, Callable[[Any], bool]],
+                  why: Mapping[str, str] | None = None) -> ApiError | None:
+    """A field ``body`` has that is not ``known``, or a value of a field that changes nothing
+    here (``no_ops``: name -> whether the value keeps it so) that it cannot honour, as an
+    error naming the field (``why``: the reason, by field); None when there is neither."""
+    unknown = sorted(set(body) - known)
+    if unknown:
+        return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
+                        "unknown_parameter")
+    for name, ok in no_ops.items():
+        if name in body and not ok(body[name]):
+            reason = (why or {}).get(name, "is not supported by this server")
+            return ApiError(400, f"{name}={body[name]!r:.80} {reason}", name,
+                            "unsupported_value")
+    return None
+
+
 def parse_chat_request(body: Any) -> ChatRequest | ApiError:
     """The checked request, or the first problem (see the module docstring)."""
     if not isinstance(body, Mapping):
@@ -190,14 +208,9 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
              "response_format", "stream", "stream_options", "max_tokens",
              "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "frequency_penalty", "presence_penalty", "logit_bias", *_NO_OPS}
-    unknown = sorted(set(body) - known)
-    if unknown:
-        return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
-                        "unknown_parameter")
-    for name, ok in _NO_OPS.items():
-        if name in body and not ok(body[name]):
-            return ApiError(400, f"{name}={body[name]!r} is not supported by this server", name,
-                            "unsupported_value")
+    problem = field_problem(body, known, _NO_OPS)
+    if problem is not None:
+        return problem
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return ApiError(400, "you must provide a model parameter (a string)", "model",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mlx.errors import ArgumentError
-from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
+from nexus_mlx.server.protocol import ApiError, ChatRequest, field_problem, parse_chat_request
 
 # fields that change nothing here, with the values that keep it so
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
@@ -58,12 +58,13 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "stream_options": lambda v: v is None or isinstance(v, dict),
 }
 _WHY = {
-    "previous_response_id": "this server stores no responses: send the whole conversation "
-                            "in input (its live session keeps the cache)",
-    "conversation": "this server stores no conversations: send the whole conversation in input",
-    "reasoning": "this server's models take no reasoning options",
-    "truncation": "only truncation 'disabled' is served: a conversation past the context is "
-                  "refused, not trimmed",
+    "previous_response_id": "is not served: this server stores no responses; send the whole "
+                            "conversation in input (its live session keeps the cache)",
+    "conversation": "is not served: this server stores no conversations; send the whole "
+                    "conversation in input",
+    "reasoning": "is not served: this server's models take no reasoning options",
+    "truncation": "is not served: only truncation 'disabled' is; a conversation past the "
+                  "context is refused, not trimmed",
 }
 _PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls")
 _CHAT_PARAM = {"messages": "input", "max_tokens": "max_output_tokens",
@@ -82,14 +83,9 @@ def parse_responses_request(body: Any) -> ResponsesRequest | ApiError:
         return ApiError(400, "the request body must be a JSON object")
     known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
              *_PASSED, *_NO_OPS}
-    unknown = sorted(set(body) - known)
-    if unknown:
-        return ApiError(400, f"unrecognized request argument(s) {unknown}", unknown[0],
-                        "unknown_parameter")
-    for name, ok in _NO_OPS.items():
-        if name in body and not ok(body[name]):
-            why = _WHY.get(name, "this server cannot honour that value")
-            return ApiError(400, f"{name}={body[name]!r:.80}: {why}", name, "unsupported_value")
+    problem = field_problem(body, known, _NO_OPS, _WHY)
+    if problem is not None:
+        return problem
     chat = _chat_body(body)
     if isinstance(chat, ApiError):
         return chat
