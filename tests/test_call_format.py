@@ -168,6 +168,24 @@ def test_named_choice_restricts_to_that_tool(default_tokenizer):
         TurnConstraint(default_tokenizer, [TIME], 42)  # type: ignore[arg-type]
 
 
+def test_allowed_tools_constrain_calls_to_a_subset(default_tokenizer):
+    only_log = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "git_log"}}]}}
+    tc = TurnConstraint(default_tokenizer, [TIME, LOG], only_log)
+    first = tc.allowed()
+    assert first is not None and first.sum() == 1  # required: the opener is forced
+    assert not all(_drive(tc, default_tokenizer, CALL_TEXT))  # get_time is not allowed
+    auto = TurnConstraint(default_tokenizer, [TIME, LOG], {**only_log, "allowed_tools": {
+        **only_log["allowed_tools"], "mode": "auto"}})
+    assert auto.allowed() is None  # free text until the model opens a call
+    with pytest.raises(ArgumentError, match="not among"):
+        TurnConstraint(default_tokenizer, [TIME], only_log)
+    for bad in ({"type": "allowed_tools", "allowed_tools": {"mode": "none", "tools": []}},
+                {"type": "allowed_tools"}, {"type": "banana", "function": {"name": "git_log"}}):
+        with pytest.raises(ArgumentError):
+            TurnConstraint(default_tokenizer, [TIME, LOG], bad)
+
+
 def test_response_format(default_tokenizer):
     assert response_schema({"type": "text"}) is None
     assert response_schema({"type": "json_object"}) == {"type": "object"}

@@ -88,6 +88,10 @@ def test_calls_round_trip_and_the_follow_up_reuses_the_session(server):
     named = c.responses.create(**{**ask, "tool_choice": {"type": "function",
                                                          "name": "get_weather"}})
     assert [o.name for o in named.output] == ["get_weather"]
+    allowed = c.responses.create(**{**ask, "tool_choice": {
+        "type": "allowed_tools", "mode": "required",
+        "tools": [{"type": "function", "name": "get_weather"}]}})
+    assert [o.name for o in allowed.output] == ["get_weather"]
 
 
 def test_a_json_schema_format_shapes_the_text(server):

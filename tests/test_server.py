@@ -414,6 +414,21 @@ def test_a_json_object_reply_is_one_object(tiny_server):
         assert isinstance(json.loads(reply.message.content), dict)
 
 
+def test_allowed_tools_keep_the_prompt_and_restrict_the_calls(tiny_server):
+    # the whole tool list stays in the prompt (the follow-up reuses the cache); calls may take
+    # only the allowed tools
+    c = client(tiny_server)
+    weather_only = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}
+    ask = dict(model="tiny", messages=ASK_TIME, tools=TINY_TOOLS, max_tokens=40,
+               parallel_tool_calls=False)
+    free = c.chat.completions.create(**ask, tool_choice="required")
+    reply = c.chat.completions.create(**ask, tool_choice=weather_only)
+    assert [name for name, _ in calls_of(reply.choices[0].message)] == ["get_weather"]
+    assert reply.usage.prompt_tokens == free.usage.prompt_tokens  # the same prompt
+    assert reply.usage.prompt_tokens_details.cached_tokens >= reply.usage.prompt_tokens - 1
+
+
 def test_stop_strings_do_not_cut_a_forced_tool_call(tiny_server):
     # A forced turn is calls alone: "\n" (inside "<tool_call>\n{...}") and "}" would cut the
     # call, leaving no call under "required" or arguments that are not JSON.
@@ -544,6 +559,13 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
         "type": "function", "function": {"name": "launch"}}}, 400, "tool_choice", None),
     ("required-without-tools", {"model": "tiny", "messages": USER, "tool_choice": "required"},
      400, "tool_choice", None),
+    ("allowed-tool-not-offered", {"model": "tiny", "messages": USER, "tools": TOOLS,
+                                  "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                                      "mode": "auto", "tools": [{"type": "function", "function": {
+                                          "name": "launch"}}]}}}, 400, "tool_choice", None),
+    ("allowed-tools-mode-none", {"model": "tiny", "messages": USER, "tools": TOOLS,
+                                 "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                                     "mode": "none", "tools": []}}}, 400, "tool_choice", None),
     ("bad-response-format", {"model": "tiny", "messages": USER,
                              "response_format": {"type": "yaml"}}, 400, "response_format", None),
     ("response-schema-does-not-compile", {"model": "tiny", "messages": USER, "response_format": {

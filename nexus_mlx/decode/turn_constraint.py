@@ -4,7 +4,8 @@ Contract:
 - :class:`TurnConstraint` drives a turn under a ``tool_choice``: ``"none"`` (the call opener is
   banned where it is one token), ``"auto"`` (free text; once the model writes the opener, the
   call's JSON is constrained by the schema grammar, llguidance), ``"required"`` or a tool name
-  (the turn starts with a forced opener, the JSON constrained to all tools or the named one).
+  (the turn starts with a forced opener, the JSON constrained to all tools or the named one),
+  or ``allowed_tools`` (``"auto"`` or ``"required"`` over a subset; :func:`parse_choice`).
   After a call closes, a turn with ``parallel`` calls may open another (a newline may come
   first) or end, and nothing else; otherwise it must end. A call that repeats an earlier one
   of the turn verbatim (``repeated``) ends the turn too: small models otherwise loop on one
@@ -58,13 +59,15 @@ class TurnConstraint:
         self.optional_margin = checked_margin(optional_margin)
         self.vocab = vocab_of(tokenizer)
         names = [function_of(t)["name"] for t in tools]
-        choice = _choice_name(tool_choice)
-        if choice not in ("none", "auto", "required") and choice not in names:
-            raise ArgumentError(f"tool_choice names {choice!r}, which is not among the offered "
-                                f"tools {names}")
+        choice, allowed = parse_choice(tool_choice)
+        if choice not in ("none", "auto", "required"):
+            allowed = [choice]
+        strays = [n for n in allowed or () if n not in names]
+        if strays:
+            raise ArgumentError(f"tool_choice names {strays}, not among the offered tools {names}")
         if choice != "none" and not tools:
             raise ArgumentError(f"tool_choice {choice!r} needs at least one tool")
-        offered = [t for t in tools if function_of(t)["name"] == choice] if choice in names else tools
+        offered = [t for t in tools if function_of(t)["name"] in allowed] if allowed else tools
         self.choice, self.parallel = choice, parallel
         self.eos_ids = tuple(int(i) for i in (eos_ids or self.vocab.eos_ids))
         self._tokenizer = tokenizer
@@ -163,15 +166,33 @@ class TurnConstraint:
         return mask
 
 
-def _choice_name(tool_choice: str | Mapping[str, Any]) -> str:
+def parse_choice(tool_choice: str | Mapping[str, Any]) -> tuple[str, list[str] | None]:
+    """``(choice, allowed)``: ``"none"`` / ``"auto"`` / ``"required"`` or a tool's name, and the
+    names of the tools a call may take (None: any offered one). OpenAI's ``allowed_tools``
+    (``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools":
+    [{"type": "function", "function": {"name": ...}}, ...]}}``) is its mode over those tools:
+    the prompt keeps every tool (and so its cache), the grammar only those."""
     if isinstance(tool_choice, str):
-        return tool_choice
-    if isinstance(tool_choice, Mapping):  # {"type": "function", "function": {"name": ...}}
-        fn = tool_choice.get("function")
+        return tool_choice, None
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "allowed_tools":
+        spec = tool_choice.get("allowed_tools")
+        mode = spec.get("mode") if isinstance(spec, Mapping) else None
+        listed = spec.get("tools") if isinstance(spec, Mapping) else None
+        names = [t.get("function", {}).get("name") if isinstance(t, Mapping) else None
+                 for t in listed] if isinstance(listed, list) else []
+        if mode not in ("auto", "required") or not names or not all(
+                isinstance(n, str) for n in names):
+            raise ArgumentError("tool_choice allowed_tools needs {'mode': 'auto' | 'required', "
+                                "'tools': [{'type': 'function', 'function': {'name': ...}}, ...]}"
+                                f", got {tool_choice!r:.120}")
+        return str(mode), [str(n) for n in names]
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type", "function") == "function":
+        fn = tool_choice.get("function")  # {"type": "function", "function": {"name": ...}}
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            return str(fn["name"])
-    raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or "
-                        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+            return str(fn["name"]), None
+    raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required', "
+                        f"{{'type': 'function', 'function': {{'name': ...}}}} or allowed_tools, "
+                        f"got {tool_choice!r}")
 
 
 class ResponseConstraint:
@@ -258,7 +279,7 @@ def turn_constraint(
     optional_margin: float = DEFAULT_OPTIONAL_MARGIN,
 ) -> TurnConstraint | ResponseConstraint | CallsOrResponse | None:
     """The constraint of one assistant turn (module docstring): None for free text."""
-    choice = _choice_name(tool_choice)
+    choice, allowed = parse_choice(tool_choice)
     schema = response_schema(response_format) if response_format else None
     eos = sorted(eos_ids)
     if not tools and choice not in ("none", "auto"):
@@ -272,5 +293,8 @@ def turn_constraint(
                               optional_margin=optional_margin)
 
     if response is not None and choice == "auto":
-        return CallsOrResponse(calls("required"), response)
+        forced = "required" if allowed is None else {"type": "allowed_tools", "allowed_tools": {
+            "mode": "required", "tools": [{"type": "function", "function": {"name": n}}
+                                          for n in allowed]}}
+        return CallsOrResponse(calls(forced), response)
     return calls(tool_choice)

@@ -14,8 +14,10 @@ into an HTTP 400 naming the field. What they accept is the OpenAI API's shape:
 - ``tools``: a non-empty list of ``{"type": "function", "function": {"name", "description"?,
   "parameters"?, "strict"?}}`` with distinct names of ``[A-Za-z0-9_-]{1,64}``; ``parameters``
   an object (whether the grammar compiles it is checked later, with the tokenizer).
-- ``tool_choice``: ``"none"``, ``"auto"``, ``"required"`` or ``{"type": "function",
-  "function": {"name": ...}}`` naming an offered tool.
+- ``tool_choice``: ``"none"``, ``"auto"``, ``"required"``, ``{"type": "function",
+  "function": {"name": ...}}`` naming an offered tool, or ``{"type": "allowed_tools",
+  "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}`` naming some (the prompt
+  keeps every tool, so its cache stays valid; calls may take only those).
 
 Normalised messages hold only ``role``, ``content`` (a string), ``tool_calls`` (arguments kept
 as the client's string, which the session parses) and ``tool_call_id``. It knows nothing about
@@ -28,6 +30,7 @@ import json
 import re
 from typing import Any
 
+from nexus_mlx.decode.turn_constraint import parse_choice
 from nexus_mlx.errors import ArgumentError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -200,21 +203,24 @@ def check_tools(value: Any) -> list[dict[str, Any]]:
 
 
 def check_tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
-    """``"none"`` / ``"auto"`` / ``"required"`` or a named function among ``tools``."""
+    """``"none"`` / ``"auto"`` / ``"required"``, a named function among ``tools``, or
+    ``allowed_tools`` naming some of them (:func:`~nexus_mlx.decode.turn_constraint.parse_choice`),
+    normalized."""
     names = [t["function"]["name"] for t in tools]
-    if isinstance(value, str):
-        if value not in ("none", "auto", "required"):
-            raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or a named "
-                                f"function, got {value!r}")
-        if value == "required" and not tools:
-            raise ArgumentError("tool_choice 'required' needs tools")
-        return value
-    fn = value.get("function") if isinstance(value, dict) else None
-    if (not isinstance(value, dict) or value.get("type") != "function"
-            or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)):
-        raise ArgumentError("tool_choice must be 'none', 'auto', 'required' or "
-                            "{'type': 'function', 'function': {'name': ...}}")
-    if fn["name"] not in names:
-        raise ArgumentError(f"tool_choice names {fn['name']!r}, which is not among the offered "
-                            f"tools {names}")
-    return {"type": "function", "function": {"name": fn["name"]}}
+    choice, allowed = parse_choice(value)
+    modes = ("none", "auto", "required")
+    if isinstance(value, str) and choice not in modes:
+        raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or a named "
+                            f"function, got {value!r}")
+    if choice == "required" and not tools:
+        raise ArgumentError("tool_choice 'required' needs tools")
+    named = allowed or ([] if choice in modes else [choice])
+    strays = [n for n in named if n not in names]
+    if strays:
+        raise ArgumentError(f"tool_choice names {', '.join(map(repr, strays))}, which is not "
+                            f"among the offered tools {names}")
+    if allowed is not None:
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": choice, "tools": [{"type": "function", "function": {"name": n}}
+                                      for n in allowed]}}
+    return choice if choice in modes else {"type": "function", "function": {"name": choice}}

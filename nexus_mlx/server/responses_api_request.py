@@ -12,7 +12,8 @@ the live session that holds it. So:
   assistant message before them, make one assistant turn) and ``function_call_output`` (a tool
   result). ``instructions`` is a first system message.
 - ``tools``: ``function`` tools (``name``, ``description``, ``parameters``, ``strict``);
-  ``tool_choice``: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}``;
+  ``tool_choice``: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}`` /
+  ``{"type": "allowed_tools", "mode", "tools"}``;
   ``parallel_tool_calls``; ``text.format``: ``text`` / ``json_object`` / ``json_schema`` (its
   ``name``, ``schema``, ``strict``, ``description``); ``max_output_tokens``; ``temperature``;
   ``top_p``; ``stream``.
@@ -231,6 +232,14 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
 def _tool_choice(choice: Any) -> Any:
     if isinstance(choice, Mapping) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        listed = choice.get("tools")
+        if not isinstance(listed, list) or not all(
+                isinstance(t, Mapping) and t.get("type") == "function" for t in listed):
+            raise ArgumentError(f"tool_choice allowed_tools lists function tools "
+                                f"({{'type': 'function', 'name': ...}}), got {listed!r:.80}")
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": [
+            {"type": "function", "function": {"name": t.get("name")}} for t in listed]}}
     if isinstance(choice, str) or choice is None:
         return choice
     raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or "
