@@ -94,6 +94,30 @@ def test_calls_round_trip_and_the_follow_up_reuses_the_session(server):
     assert [o.name for o in allowed.output] == ["get_weather"]
 
 
+def test_the_default_model_calls_and_its_own_output_items_come_back_as_input(default_model):
+    # an agent's loop: the response's output items (as the SDK holds them, with their ids and
+    # statuses) go back in input with the tool's result; the live session keeps the prompt
+    time_tool = {"type": "function", "name": "get_time", "description": "Current time",
+                 "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                                "required": ["zone"]}}
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    with serve(*default_model, model_name="default", host="127.0.0.1", port=0) as running:
+        c = client(running)
+        first = c.responses.create(model="default", input=ask, tools=[time_tool],
+                                   tool_choice="required", parallel_tool_calls=False,
+                                   max_output_tokens=48)
+        [call] = first.output
+        assert first.status == "completed" and call.name == "get_time"
+        jsonschema.validate(json.loads(call.arguments), time_tool["parameters"])
+        items = [o.model_dump(exclude_none=True) for o in first.output]
+        follow = c.responses.create(
+            model="default", tools=[time_tool], max_output_tokens=12,
+            input=[*ask, *items, {"type": "function_call_output", "call_id": call.call_id,
+                                  "output": "10:42"}])
+    assert [o.type for o in follow.output] == ["message"] and follow.output_text
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1
+
+
 def test_a_json_schema_format_shapes_the_text(server):
     schema = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}},
               "required": ["city"], "additionalProperties": False}
