@@ -479,6 +479,26 @@ def test_penalties_and_logit_bias_are_applied_as_the_library_applies_them(tiny_s
     assert penalized == same.text != plain and " banana" in penalized
 
 
+def test_logprobs_whole_and_streamed_agree_and_spell_the_content(tiny_server):
+    c = client(tiny_server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Say words."}], max_tokens=6,
+               logprobs=True, top_logprobs=2)
+    whole = c.chat.completions.create(**ask).choices[0]
+    entries = whole.logprobs.content
+    spelled = b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+    assert len(entries) == 6 and spelled == whole.message.content
+    for e in entries:  # a token may hold part of a character: its bytes are exact
+        assert e.logprob <= 0 and bytes(e.bytes).decode("utf-8", errors="replace") == e.token
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token  # greedy
+    streamed = [e for chunk in c.chat.completions.create(**ask, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == \
+        [(e.token, round(e.logprob, 4)) for e in entries]
+    plain = c.chat.completions.create(**{**ask, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+
 def test_a_negative_seed_samples_reproducibly(tiny_server):
     # OpenAI's seed is any 64-bit signed integer; numpy's generators take only non-negative ones
     c = client(tiny_server)
@@ -589,6 +609,10 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
     ("bias-outside-the-vocabulary", {"model": "tiny", "messages": USER,
                                      "logit_bias": {"10000000": 1}}, 400, "logit_bias", None),
     ("five-stops", {"model": "tiny", "messages": USER, "stop": list("abcde")}, 400, "stop", None),
+    ("top-logprobs-alone", {"model": "tiny", "messages": USER, "top_logprobs": 3}, 400,
+     "top_logprobs", None),
+    ("top-logprobs-21", {"model": "tiny", "messages": USER, "logprobs": True,
+                         "top_logprobs": 21}, 400, "top_logprobs", None),
     ("n-two", {"model": "tiny", "messages": USER, "n": 2}, 400, "n", "unsupported_value"),
     ("unknown-field", {"model": "tiny", "messages": USER, "frobnicate": 1}, 400, "frobnicate",
      "unknown_parameter"),

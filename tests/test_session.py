@@ -317,6 +317,28 @@ def test_stop_strings_end_prose_but_never_cut_a_call(default_model):
                                                                   [])
 
 
+def test_logprobs_are_the_model_s_own_next_token_distribution(default_model):
+    """Oracle: one fresh forward over the prompt and the reply gives, at each reply position,
+    the log-softmax the session recorded (free text: no constraint, no processors)."""
+    model, tokenizer = default_model
+    s = Session(model, tokenizer)
+    ask = [{"role": "user", "content": "Name three colours."}]
+    streamed = []
+    reply = s.generate(ask, max_tokens=8, logprobs=3, on_logprob=streamed.append)
+    assert reply.logprobs == streamed and len(reply.logprobs) == len(reply.tokens) - (
+        reply.finish_reason == "stop")
+    prompt = s.render(ask)
+    logits = np.array(forward(model, [*prompt, *reply.tokens], make_cache(model)))[0]
+    for i, scored in enumerate(reply.logprobs):
+        row = logits[len(prompt) - 1 + i].astype(np.float64)
+        want = row - np.log(np.exp(row - row.max()).sum()) - row.max()
+        assert scored.id == reply.tokens[i] and abs(scored.logprob - want[scored.id]) < 1e-3
+        assert [t for t, _ in scored.top] == list(np.argsort(-want, kind="stable")[:3])
+        assert scored.top[0][0] == scored.id  # greedy: the chosen id is the likeliest
+    with pytest.raises(ArgumentError, match="logprobs"):
+        s.generate(ask, max_tokens=2, logprobs=21)
+
+
 def test_auto_with_a_response_format_answers_in_the_format_or_calls(default_model):
     model, tokenizer = default_model
     s = Session(model, tokenizer)

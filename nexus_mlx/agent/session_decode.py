@@ -1,14 +1,17 @@
 """The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>`.
 
 Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
-on_token, start)`` decodes from the session's live cache, after a step, one token at a time under the
-turn's ``constraint`` (None: free text): the logits processors, then the constraint's mask,
+on_token, start, score=None)`` decodes from the session's live cache, after a step, one token
+at a time under the turn's ``constraint`` (None: free text): the logits processors, then the
+constraint's mask,
 then the close-call guard (stale rows healed first, the token chosen from exact logits), then
 the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
 returned last), a ``stop`` string in the decoded text (``"stop_string"``; with ``calls``, the
 reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
 model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
 drafts)`` (``drafts``: the :class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply).
+``score(logprobs (V,), id)``, when given, sees each chosen id but the end-of-turn one with the
+log-probabilities it was drawn from, before ``on_token``.
 Every id but the last is then cached and the session's next-token logits are those after it.
 
 Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` with the
@@ -39,7 +42,8 @@ if TYPE_CHECKING:
 
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
                  calls: bool, sample: Sampler, processors: tuple[LogitsProcessor, ...],
-                 on_token: Callable[[int, str], None] | None, start: float
+                 on_token: Callable[[int, str], None] | None, start: float,
+                 score: Callable[[mx.array, int], None] | None = None
                  ) -> tuple[list[int], str, float, int, LookaheadStats]:
     """Decode one reply (module docstring)."""
     editor = session.editor
@@ -48,7 +52,7 @@ def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple
                           room=lambda: session.max_positions - 1 - session.cache.n_past)
     try:
         return (*_decode(session, lookahead, constraint, max_tokens, stop, calls, sample,
-                         processors, on_token, start), lookahead.stats)
+                         processors, on_token, start, score), lookahead.stats)
     finally:
         lookahead.close()  # the cache ends at the last id fed, as without drafts
 
@@ -56,7 +60,8 @@ def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple
 def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens: int,
             stop: tuple[str, ...], calls: bool, sample: Sampler,
             processors: tuple[LogitsProcessor, ...],
-            on_token: Callable[[int, str], None] | None, start: float
+            on_token: Callable[[int, str], None] | None, start: float,
+            score: Callable[[mx.array, int], None] | None
             ) -> tuple[list[int], str, float, int]:
     logits = session.next_token_logits()
     out: list[int] = []
@@ -79,6 +84,8 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             constraint.accept(token)
         if token in session.eos_token_ids:
             return out, "stop", ttft, guarded
+        if score is not None:
+            score(logprobs[0], token)
         if on_token is not None or stop:
             text = session.tokenizer.decode(out)
             if on_token is not None:

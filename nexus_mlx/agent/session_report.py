@@ -1,9 +1,13 @@
 """What a live session reports: :class:`StepReport` for each step, :class:`Reply` for each
-generation (plain records; :mod:`.session` fills them in and re-exports them)."""
+generation, :class:`TokenLogprob` for each generated id when asked (plain records;
+:mod:`.session` fills them in and re-exports them; :func:`token_logprob` makes the last)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
 
 from nexus_mlx.decode.call_format import ParsedCall
 from nexus_mlx.decode.lookahead import LookaheadStats
@@ -27,6 +31,17 @@ class StepReport:
     guarded: int = 0  # stale rows healed because the next token was a close call (``guard``)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated id's log probability under the distribution it was drawn from (the
+    logits after the processors and the turn's constraint), and the ``top`` most likely ids
+    there with theirs (ids the constraint ruled out never appear)."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class Reply:
     text: str  # everything generated, end-of-turn id and stop string removed
@@ -40,3 +55,16 @@ class Reply:
     call_errors: list[str] = field(default_factory=list)  # calls that did not parse
     guarded: int = 0  # stale rows healed while decoding, before a close call (``guard``)
     drafts: LookaheadStats = field(default_factory=LookaheadStats)  # copy drafts while decoding
+    logprobs: list[TokenLogprob] | None = None  # per id of ``tokens`` but an end-of-turn one
+
+
+def token_logprob(logprobs: mx.array, token: int, top: int) -> TokenLogprob:
+    """``token``'s entry in ``logprobs`` ``(V,)``, with the ``top`` most likely ids that were
+    allowed (finite), best first."""
+    row = np.asarray(logprobs.astype(mx.float32), dtype=np.float64)
+    best: list[tuple[int, float]] = []
+    if top:
+        picked = np.argpartition(-row, top - 1)[:top]
+        picked = picked[np.argsort(-row[picked], kind="stable")]
+        best = [(int(i), float(row[i])) for i in picked if np.isfinite(row[i])]
+    return TokenLogprob(int(token), float(row[token]), tuple(best))

@@ -2,7 +2,8 @@
 
 Contract: an :class:`Answer` is made per request, over the reply's
 :class:`~.stream.ReplyAssembler`. ``opening()`` gives the stream's first events, ``deltas(ds)``
-the events for the assembler's deltas, ``closing(done)`` the last ones, ``failure(error)`` an
+the events for the assembler's deltas (``logprob(entry)`` before them hands it the ids' log
+probabilities, which the next event carries), ``closing(done)`` the last ones, ``failure(error)`` an
 error event once the stream has started; ``whole(done, deltas)`` is the JSON body of an answer
 not streamed (``deltas``: everything the assembler made of the final text). Events are
 ``sse_starlette`` dicts (``data``, and ``event`` where the API names its events).
@@ -30,6 +31,7 @@ Sse = dict[str, str]
 
 
 class Answer(Protocol):
+    def logprob(self, entry: dict[str, Any]) -> None: ...
     def opening(self) -> list[Sse]: ...
     def deltas(self, deltas: list[Delta]) -> list[Sse]: ...
     def closing(self, done: Completion) -> list[Sse]: ...
@@ -43,10 +45,17 @@ class ChatAnswer:
     def __init__(self, request: ChatRequest, assembler: ReplyAssembler) -> None:
         self.r, self.assembler = request, assembler
         self.id, self.created = R.completion_id(), R.now()
+        self._logprobs: list[dict[str, Any]] = []  # entries no chunk has carried yet
+
+    def logprob(self, entry: dict[str, Any]) -> None:
+        self._logprobs.append(entry)
 
     def _chunk(self, delta: Delta, finish: str | None = None) -> Sse:
+        carried = self._logprobs if self.r.logprobs else None
+        self._logprobs = []
         return {"data": json.dumps(R.chunk_body(self.id, self.created, self.r.model, delta,
-                                                finish, with_usage=self.r.include_usage))}
+                                                finish, with_usage=self.r.include_usage,
+                                                logprobs=carried))}
 
     def opening(self) -> list[Sse]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -75,6 +84,9 @@ class ResponsesAnswer:
 
     def __init__(self, request: ResponsesRequest, assembler: ReplyAssembler) -> None:
         self.writer = ResponseWriter(request)
+
+    def logprob(self, entry: dict[str, Any]) -> None:
+        """Not asked for here (this server refuses the Responses API's logprob options)."""
 
     @staticmethod
     def _sse(events: list[dict[str, Any]]) -> list[Sse]:

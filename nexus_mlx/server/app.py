@@ -153,7 +153,7 @@ class GenerationHandler:
 
         def run() -> Completion | None:
             try:
-                return self.engine.complete(prepared, push, cancel)
+                return self.engine.complete(prepared, push, cancel, on_logprob=push)
             finally:
                 push(_END)
 
@@ -163,6 +163,9 @@ class GenerationHandler:
             for event in answer.opening():
                 yield event
             while (item := await updates.get()) is not _END:
+                if isinstance(item, dict):  # an id's log probabilities, before its text
+                    answer.logprob(item)
+                    continue
                 for event in answer.deltas(assembler.feed(item)):
                     yield event
             try:

@@ -22,11 +22,13 @@ definitions are new to its session. Both calls block and are meant for worker th
   :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
   guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
-- ``complete(prepared, on_text, cancel)`` takes a pooled session (the one whose cache keeps the
-  most of this conversation, :mod:`.pool`), generates under the request's constraint and
-  sampler (greedy at temperature 0), calls ``on_text(text_so_far)`` after each token, and
-  returns a :class:`Completion`, or None when ``cancel`` was set (the generation stops at the
-  next token; the session keeps what it cached and goes back to the pool).
+- ``complete(prepared, on_text, cancel, on_logprob)`` takes a pooled session (the one whose
+  cache keeps the most of this conversation, :mod:`.pool`), generates under the request's
+  constraint, sampler (greedy at temperature 0) and logits processors, calls
+  ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
+  ``on_text(text_so_far)`` after each token, and returns a :class:`Completion`, or None when
+  ``cancel`` was set (the generation stops at the next token; the session keeps what it cached
+  and goes back to the pool).
 
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
@@ -52,12 +54,13 @@ from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
+from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
-from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.responses import Completion, logprob_entry
 from nexus_mlx.server.sampling import make_logits_processors, make_sampler
 
 DEFAULT_MAX_TOKENS = 512
@@ -146,7 +149,9 @@ class Engine:
 
     # ---- generating ---------------------------------------------------------------------
     def complete(self, prepared: Prepared, on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None) -> Completion | None:
+                 cancel: threading.Event | None = None,
+                 on_logprob: Callable[[dict[str, Any]], None] | None = None
+                 ) -> Completion | None:
         cancel = threading.Event() if cancel is None else cancel
         with self._lock:
             self._inflight.add(cancel)
@@ -157,7 +162,7 @@ class Engine:
                 return None
             try:
                 reply, started = run_on_mlx_thread(self._generate, entry.session, prepared,
-                                                   on_text, cancel)
+                                                   on_text, cancel, on_logprob)
             except CancelledError:
                 self._count_cancelled()
                 return None
@@ -172,7 +177,9 @@ class Engine:
                 self.pool.release(entry)
             with self._lock:
                 self.served += 1
-            return Completion(reply, entry.id, started - prepared.arrived)
+            logprobs = None if reply.logprobs is None else [
+                logprob_entry(t, self._token_bytes) for t in reply.logprobs]
+            return Completion(reply, entry.id, started - prepared.arrived, logprobs)
         finally:
             with self._lock:
                 self._inflight.discard(cancel)
@@ -195,9 +202,14 @@ class Engine:
         with self._lock:
             self.cancelled += 1
 
-    @staticmethod
-    def _generate(session: Session, prepared: Prepared, on_text: Callable[[str], None] | None,
-                  cancel: threading.Event) -> tuple[Any, float]:
+    def _token_bytes(self, token: int) -> bytes:
+        """A token's UTF-8 bytes (a special token's: its text)."""
+        data = vocab_of(self.tokenizer).token_bytes[token]
+        return data or str(self.tokenizer.decode([token])).encode()
+
+    def _generate(self, session: Session, prepared: Prepared,
+                  on_text: Callable[[str], None] | None, cancel: threading.Event,
+                  on_logprob: Callable[[dict[str, Any]], None] | None) -> tuple[Any, float]:
         started = time.perf_counter()
         if cancel.is_set():
             raise CancelledError("cancelled before it started")
@@ -215,7 +227,10 @@ class Engine:
             max_tokens=prepared.max_tokens, stop=r.stop,
             sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token,
             logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
-                                                     r.logit_bias))
+                                                     r.logit_bias),
+            logprobs=r.top_logprobs if r.logprobs else None,
+            on_logprob=None if on_logprob is None else
+            (lambda scored: on_logprob(logprob_entry(scored, self._token_bytes))))
         return reply, started
 
     def cancel_all(self) -> None:

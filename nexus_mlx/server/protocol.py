@@ -16,10 +16,11 @@ offending field in ``param``) — an expected rejection, so a return value. It a
   sampling; ``stop``: a string or a list of up to 4. Stop strings end the reply's content,
   never a tool call (one written inside a call's text does not count); ``frequency_penalty``
   and ``presence_penalty`` in [-2, 2], ``logit_bias`` (token ids as decimal strings to biases in
-  [-100, 100]), greedy or sampled (:func:`~.sampling.make_logits_processors`);
+  [-100, 100]), greedy or sampled (:func:`~.sampling.make_logits_processors`); ``logprobs``
+  and ``top_logprobs`` (0 to 20; only with ``logprobs``);
 - fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
-  ``n: 1``, ...). Any other field, or a value these cannot honour (``n: 2``,
-  ``logprobs: true``), is refused by name rather than ignored.
+  ``n: 1``, ...). Any other field, or a value these cannot honour (``n: 2``), is refused by
+  name rather than ignored.
 
 It knows nothing about models, tokenizers, sessions or HTTP beyond the error body's shape.
 """
@@ -45,8 +46,6 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "store": lambda v: v in (None, False, True),
     "service_tier": lambda v: v is None or isinstance(v, str),
     "n": lambda v: v in (None, 1) and not isinstance(v, bool),
-    "logprobs": lambda v: v in (None, False),
-    "top_logprobs": lambda v: v in (None, 0),
     "modalities": lambda v: v is None or v == ["text"],
 }
 
@@ -84,6 +83,8 @@ class ChatRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per id, with logprobs
 
     @property
     def calls_allowed(self) -> bool:
@@ -125,6 +126,12 @@ def _logit_bias(value: Any) -> dict[int, float]:
                                 f"{key!r:.40}")
         out[int(key)] = _number(bias, f"logit_bias[{key!r}]", -100.0, 100.0)
     return out
+
+
+def _top_logprobs(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
+        raise ArgumentError(f"top_logprobs must be an integer in [0, 20], got {value!r}")
+    return value
 
 
 def _seed(value: Any) -> int:
@@ -207,7 +214,8 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
     known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
              "response_format", "stream", "stream_options", "max_tokens",
              "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-             "frequency_penalty", "presence_penalty", "logit_bias", *_NO_OPS}
+             "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+             "top_logprobs", *_NO_OPS}
     problem = field_problem(body, known, _NO_OPS)
     if problem is not None:
         return problem
@@ -238,6 +246,8 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         ("presence_penalty", "presence_penalty",
          lambda v: _number(v, "presence_penalty", -2.0, 2.0)),
         ("logit_bias", "logit_bias", _logit_bias),
+        ("logprobs", "logprobs", lambda v: _bool(v, "logprobs")),
+        ("top_logprobs", "top_logprobs", _top_logprobs),
     ]
     for key, target, check in checks:
         if body.get(key) is None:
@@ -251,6 +261,8 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
             values["tool_choice"] = check_tool_choice(body["tool_choice"], values.get("tools", []))
         except ArgumentError as exc:
             return _error(exc, "tool_choice")
+    if values.get("top_logprobs") and not values.get("logprobs"):
+        return ApiError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
     if "include_usage" in values and not values.get("stream"):
         return ApiError(400, "stream_options is only allowed when stream is true",
                         "stream_options")

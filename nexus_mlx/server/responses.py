@@ -7,18 +7,21 @@ Contract: pure functions from a finished (or growing) reply to JSON-ready dicts.
 computed), plus ``nexus``: what the live cache did for this request (``path`` and ``reason``;
 rows ``reused`` / ``spliced`` / ``repaired`` / ``computed`` / ``deleted``; the pooled
 ``session``; ``timings`` in seconds: the session's stages, ``ttft``, ``decode`` and ``queue``, the
-wait for a session and the model). Finish reasons map ``stop_string`` to ``stop``. It knows
-nothing about HTTP or how replies are made.
+wait for a session and the model). Finish reasons map ``stop_string`` to ``stop``.
+``logprobs`` (when asked for) are ``{"content": [{"token", "logprob", "bytes",
+"top_logprobs"}], "refusal": null}`` over every id generated but the end-of-turn one, tool
+calls' included. It knows nothing about HTTP or how replies are made.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nexus_mlx.agent.session import Reply
+from nexus_mlx.agent.session import Reply, TokenLogprob
 from nexus_mlx.server.stream import AssembledCall, Delta
 
 OWNER = "nexus-mlx"
@@ -29,6 +32,22 @@ class Completion:
     reply: Reply
     session: int  # the pooled session's id
     queue_s: float  # from the request's arrival to the start of its step
+    logprobs: list[dict[str, Any]] | None = None  # the reply's, shaped (logprob_entry)
+
+
+def logprob_entry(scored: TokenLogprob, token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
+    """One ``logprobs.content`` entry: the token's text, its log probability, its UTF-8 bytes
+    and its ``top_logprobs`` alike."""
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        data = token_bytes(token)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(data)}
+    return {**one(scored.id, scored.logprob),
+            "top_logprobs": [one(i, lp) for i, lp in scored.top]}
+
+
+def logprobs_body(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return None if entries is None else {"content": entries, "refusal": None}
 
 
 def completion_id() -> str:
@@ -74,18 +93,21 @@ def completion_body(cid: str, created: int, model: str, content: str,
         message["tool_calls"] = [tool_call_body(c) for c in calls]
     return {
         "id": cid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs_body(done.logprobs),
                      "finish_reason": finish_reason(done.reply, bool(calls))}],
         "usage": usage(done),
     }
 
 
 def chunk_body(cid: str, created: int, model: str, delta: Delta,
-               finish: str | None = None, *, with_usage: bool = False) -> dict[str, Any]:
+               finish: str | None = None, *, with_usage: bool = False,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One stream chunk; ``with_usage`` (``stream_options.include_usage``): ``"usage": null``,
-    as OpenAI sends on every chunk but the last."""
+    as OpenAI sends on every chunk but the last; ``logprobs``: the entries of the ids since
+    the last chunk that carried some."""
     body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs_body(logprobs),
+                         "finish_reason": finish}]}
     if with_usage:
         body["usage"] = None
     return body
