@@ -64,12 +64,13 @@ TINY_CONTEXT = 2048
 
 
 # ---- fixtures ------------------------------------------------------------------------------
-def _tiny_llama() -> Any:
-    """A random-weight llama (hidden 64, 2 layers) over the default tokenizer's vocabulary;
-    untied, so its greedy replies depend on the prompt."""
+def _tiny_llama(vocab_size: int = 49152) -> Any:
+    """A random-weight llama (hidden 64, 2 layers) over the default tokenizer's vocabulary
+    (a larger ``vocab_size``: a head padded past it, as Qwen's is); untied, so its greedy
+    replies depend on the prompt."""
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0,
+              "rms_norm_eps": 1e-5, "vocab_size": vocab_size, "rope_theta": 10000.0,
               "max_position_embeddings": TINY_CONTEXT, "tie_word_embeddings": False}
     model_cls, args_cls = model_classes(config)
     mx.random.seed(0)
@@ -499,6 +500,15 @@ def test_logprobs_whole_and_streamed_agree_and_spell_the_content(tiny_server):
     assert plain.choices[0].logprobs is None
 
 
+def test_logprobs_of_a_head_padded_past_the_tokenizer_name_only_real_tokens(tiny):
+    with running(_tiny_llama(vocab_size=53248), tiny[1], model_name="padded") as server:
+        reply = client(server).chat.completions.create(
+            model="padded", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            logprobs=True, top_logprobs=20)
+    for e in reply.choices[0].logprobs.content:
+        assert len(e.top_logprobs) == 20 and all(-9999 <= t.logprob <= 0 for t in e.top_logprobs)
+
+
 def test_a_negative_seed_samples_reproducibly(tiny_server):
     # OpenAI's seed is any 64-bit signed integer; numpy's generators take only non-negative ones
     c = client(tiny_server)
@@ -583,6 +593,10 @@ BAD_REQUESTS = [  # (name, body, status, param, code)
                                   "tool_choice": {"type": "allowed_tools", "allowed_tools": {
                                       "mode": "auto", "tools": [{"type": "function", "function": {
                                           "name": "launch"}}]}}}, 400, "tool_choice", None),
+    ("allowed-tool-function-not-an-object", {
+        "model": "tiny", "messages": USER, "tools": TOOLS, "tool_choice": {
+            "type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+                {"type": "function", "function": "get_time"}]}}}, 400, "tool_choice", None),
     ("allowed-tools-mode-none", {"model": "tiny", "messages": USER, "tools": TOOLS,
                                  "tool_choice": {"type": "allowed_tools", "allowed_tools": {
                                      "mode": "none", "tools": []}}}, 400, "tool_choice", None),

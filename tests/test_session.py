@@ -16,6 +16,7 @@ from tiny_models import VOCAB, tiny_model
 import nexus_mlx.agent.cache_editor as editor_module
 import nexus_mlx.agent.session as session_module
 from nexus_mlx.agent.session import DEFAULT_GUARD, Session
+from nexus_mlx.agent.session_report import token_logprob
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.metrics import next_token_kl
 from nexus_mlx.models.forward import forward, make_cache
@@ -337,6 +338,23 @@ def test_logprobs_are_the_model_s_own_next_token_distribution(default_model):
         assert scored.top[0][0] == scored.id  # greedy: the chosen id is the likeliest
     with pytest.raises(ArgumentError, match="logprobs"):
         s.generate(ask, max_tokens=2, logprobs=21)
+
+
+def test_a_logprob_is_taken_in_float32_and_is_always_finite():
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=64) * 20).astype(np.float32)
+    want = logits.astype(np.float64) - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    for dtype in (mx.float32, mx.bfloat16, mx.float16):
+        row = mx.array(logits).astype(dtype)
+        exact = np.array(row.astype(mx.float32), dtype=np.float64)
+        exact = exact - np.log(np.exp(exact - exact.max()).sum()) - exact.max()
+        scored = token_logprob(row, 5, 3, vocab_size=64)
+        assert abs(scored.logprob - exact[5]) < 1e-4  # no rounding past the logits' own
+        assert [i for i, _ in scored.top] == list(np.argsort(-exact, kind="stable")[:3])
+    assert abs(token_logprob(mx.array(logits), 5, 0, 64).logprob - want[5]) < 1e-4
+    masked = mx.array(np.full(8, -np.inf, np.float32)).at[2].add(mx.inf)  # nothing finite
+    assert token_logprob(masked, 3, 2, 8).logprob == -9999.0
+    assert token_logprob(mx.array(logits), 5, 3, vocab_size=4).top[0][0] < 4  # padded head
 
 
 def test_auto_with_a_response_format_answers_in_the_format_or_calls(default_model):

@@ -83,6 +83,7 @@ from nexus_mlx.decode.call_format import (
 )
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
+from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
 from nexus_mlx.decode.turn_constraint import CallsOrResponse, turn_constraint
@@ -447,10 +448,11 @@ class Session:
             raise ArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
                                 f"{logprobs!r}")
         scores: list[TokenLogprob] | None = None if logprobs is None else []
+        vocab_size = vocab_of(self.tokenizer).size  # ids past it (a padded head): no text
 
         def score(row: mx.array, token: int) -> None:
             assert scores is not None and logprobs is not None
-            scores.append(token_logprob(row, token, logprobs))
+            scores.append(token_logprob(row, token, logprobs, vocab_size))
             if on_logprob is not None:
                 on_logprob(scores[-1])
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,

@@ -10,8 +10,8 @@ returned last), a ``stop`` string in the decoded text (``"stop_string"``; with `
 reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
 model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
 drafts)`` (``drafts``: the :class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply).
-``score(logprobs (V,), id)``, when given, sees each chosen id but the end-of-turn one with the
-log-probabilities it was drawn from, before ``on_token``.
+``score(logits (V,), id)``, when given, sees each chosen id but the end-of-turn one with the
+logits row it was drawn from (after the processors and the mask), before ``on_token``.
 Every id but the last is then cached and the session's next-token logits are those after it.
 
 Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` with the
@@ -85,7 +85,7 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
         if token in session.eos_token_ids:
             return out, "stop", ttft, guarded
         if score is not None:
-            score(logprobs[0], token)
+            score(row[0], token)
         if on_token is not None or stop:
             text = session.tokenizer.decode(out)
             if on_token is not None:

@@ -4,6 +4,7 @@ generation, :class:`TokenLogprob` for each generated id when asked (plain record
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -58,13 +59,18 @@ class Reply:
     logprobs: list[TokenLogprob] | None = None  # per id of ``tokens`` but an end-of-turn one
 
 
-def token_logprob(logprobs: mx.array, token: int, top: int) -> TokenLogprob:
-    """``token``'s entry in ``logprobs`` ``(V,)``, with the ``top`` most likely ids that were
-    allowed (finite), best first."""
-    row = np.asarray(logprobs.astype(mx.float32), dtype=np.float64)
+def token_logprob(logits: mx.array, token: int, top: int, vocab_size: int) -> TokenLogprob:
+    """``token``'s log probability under ``logits`` ``(V,)`` (the row it was drawn from,
+    log-softmaxed in float32), with the ``top`` most likely allowed ids below ``vocab_size``
+    (a head padded past the tokenizer has ids no text maps to), best first. A value that is
+    not finite reads -9999.0, as OpenAI's API writes the unlikeliest."""
+    row = logits.astype(mx.float32)[:vocab_size]
+    row = row - mx.logsumexp(row, axis=-1, keepdims=True)
     best: list[tuple[int, float]] = []
     if top:
-        picked = np.argpartition(-row, top - 1)[:top]
-        picked = picked[np.argsort(-row[picked], kind="stable")]
-        best = [(int(i), float(row[i])) for i in picked if np.isfinite(row[i])]
-    return TokenLogprob(int(token), float(row[token]), tuple(best))
+        picked = np.asarray(mx.argpartition(-row, min(top, vocab_size) - 1)[:top])
+        values = np.asarray(row[mx.array(picked)])
+        order = np.argsort(-values, kind="stable")
+        best = [(int(picked[i]), float(values[i])) for i in order if np.isfinite(values[i])]
+    chosen = float(np.asarray(row[token]))
+    return TokenLogprob(int(token), chosen if math.isfinite(chosen) else -9999.0, tuple(best))

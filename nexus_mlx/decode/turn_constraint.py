@@ -166,6 +166,14 @@ class TurnConstraint:
         return mask
 
 
+def _function_name(tool: Any) -> Any:
+    """``tool``'s ``function.name`` when it is a function tool (else None)."""
+    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+        return None
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, Mapping) else None
+
+
 def parse_choice(tool_choice: str | Mapping[str, Any]) -> tuple[str, list[str] | None]:
     """``(choice, allowed)``: ``"none"`` / ``"auto"`` / ``"required"`` or a tool's name, and the
     names of the tools a call may take (None: any offered one). OpenAI's ``allowed_tools``
@@ -178,8 +186,7 @@ def parse_choice(tool_choice: str | Mapping[str, Any]) -> tuple[str, list[str] |
         spec = tool_choice.get("allowed_tools")
         mode = spec.get("mode") if isinstance(spec, Mapping) else None
         listed = spec.get("tools") if isinstance(spec, Mapping) else None
-        names = [t.get("function", {}).get("name") if isinstance(t, Mapping) else None
-                 for t in listed] if isinstance(listed, list) else []
+        names = [_function_name(t) for t in listed] if isinstance(listed, list) else []
         if mode not in ("auto", "required") or not names or not all(
                 isinstance(n, str) for n in names):
             raise ArgumentError("tool_choice allowed_tools needs {'mode': 'auto' | 'required', "

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
-from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session
+from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
@@ -161,8 +161,8 @@ class Engine:
                 self._count_cancelled()
                 return None
             try:
-                reply, started = run_on_mlx_thread(self._generate, entry.session, prepared,
-                                                   on_text, cancel, on_logprob)
+                reply, started, logprobs = run_on_mlx_thread(
+                    self._generate, entry.session, prepared, on_text, cancel, on_logprob)
             except CancelledError:
                 self._count_cancelled()
                 return None
@@ -177,8 +177,6 @@ class Engine:
                 self.pool.release(entry)
             with self._lock:
                 self.served += 1
-            logprobs = None if reply.logprobs is None else [
-                logprob_entry(t, self._token_bytes) for t in reply.logprobs]
             return Completion(reply, entry.id, started - prepared.arrived, logprobs)
         finally:
             with self._lock:
@@ -203,13 +201,14 @@ class Engine:
             self.cancelled += 1
 
     def _token_bytes(self, token: int) -> bytes:
-        """A token's UTF-8 bytes (a special token's: its text)."""
+        """A token's UTF-8 bytes (a special token's: its text). On the MLX thread."""
         data = vocab_of(self.tokenizer).token_bytes[token]
         return data or str(self.tokenizer.decode([token])).encode()
 
     def _generate(self, session: Session, prepared: Prepared,
                   on_text: Callable[[str], None] | None, cancel: threading.Event,
-                  on_logprob: Callable[[dict[str, Any]], None] | None) -> tuple[Any, float]:
+                  on_logprob: Callable[[dict[str, Any]], None] | None
+                  ) -> tuple[Any, float, list[dict[str, Any]] | None]:
         started = time.perf_counter()
         if cancel.is_set():
             raise CancelledError("cancelled before it started")
@@ -220,6 +219,13 @@ class Engine:
             if on_text is not None:
                 on_text(text)
 
+        entries: list[dict[str, Any]] = []
+
+        def shape(scored: TokenLogprob) -> None:  # each id's entry, made once, sent as made
+            entries.append(logprob_entry(scored, self._token_bytes))
+            if on_logprob is not None:
+                on_logprob(entries[-1])
+
         r = prepared.request
         reply = session.generate(
             r.messages, r.tools or None, tool_choice=r.tool_choice,
@@ -228,10 +234,8 @@ class Engine:
             sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token,
             logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
                                                      r.logit_bias),
-            logprobs=r.top_logprobs if r.logprobs else None,
-            on_logprob=None if on_logprob is None else
-            (lambda scored: on_logprob(logprob_entry(scored, self._token_bytes))))
-        return reply, started
+            logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape)
+        return reply, started, entries if r.logprobs else None
 
     def cancel_all(self) -> None:
         with self._lock:

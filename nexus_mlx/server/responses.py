@@ -9,8 +9,9 @@ rows ``reused`` / ``spliced`` / ``repaired`` / ``computed`` / ``deleted``; the p
 ``session``; ``timings`` in seconds: the session's stages, ``ttft``, ``decode`` and ``queue``, the
 wait for a session and the model). Finish reasons map ``stop_string`` to ``stop``.
 ``logprobs`` (when asked for) are ``{"content": [{"token", "logprob", "bytes",
-"top_logprobs"}], "refusal": null}`` over every id generated but the end-of-turn one, tool
-calls' included. It knows nothing about HTTP or how replies are made.
+"top_logprobs"}], "refusal": null}`` over every id generated but the end-of-turn one (tool
+calls' ids, the one that completed a stop string and whitespace the content strips
+included). It knows nothing about HTTP or how replies are made.
 """
 
 from __future__ import annotations
