@@ -3,9 +3,8 @@
 Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
 on_token, start, score=None)`` decodes from the session's live cache, after a step, one token
 at a time under the turn's ``constraint`` (None: free text): the logits processors, then the
-constraint's mask,
-then the close-call guard (stale rows healed first, the token chosen from exact logits), then
-the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
+constraint's mask, then the close-call guard (stale rows healed first, the token chosen from
+exact logits), then the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
 returned last), a ``stop`` string in the decoded text (``"stop_string"``; with ``calls``, the
 reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
 model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,

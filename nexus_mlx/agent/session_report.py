@@ -64,12 +64,13 @@ def token_logprob(logits: mx.array, token: int, top: int, vocab_size: int) -> To
     log-softmaxed in float32), with the ``top`` most likely allowed ids below ``vocab_size``
     (a head padded past the tokenizer has ids no text maps to), best first. A value that is
     not finite reads -9999.0, as OpenAI's API writes the unlikeliest."""
-    row = logits.astype(mx.float32)[:vocab_size]
+    row = logits.astype(mx.float32)
     row = row - mx.logsumexp(row, axis=-1, keepdims=True)
     best: list[tuple[int, float]] = []
     if top:
-        picked = np.asarray(mx.argpartition(-row, min(top, vocab_size) - 1)[:top])
-        values = np.asarray(row[mx.array(picked)])
+        named = row[:vocab_size]
+        picked = np.asarray(mx.argpartition(-named, min(top, named.size) - 1)[:top])
+        values = np.asarray(named[mx.array(picked)])
         order = np.argsort(-values, kind="stable")
         best = [(int(picked[i]), float(values[i])) for i in order if np.isfinite(values[i])]
     chosen = float(np.asarray(row[token]))
