@@ -131,6 +131,27 @@ def test_a_json_schema_format_shapes_the_text(server):
     jsonschema.validate(json.loads(reply.output_text), schema)
 
 
+def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
+    from nexus_mlx.agent.session import Session
+
+    def broken(self, messages, tools=None, *, on_token=None, **options):
+        on_token(0, "Hel")
+        raise RuntimeError("the model broke")
+
+    monkeypatch.setattr(Session, "generate", broken)
+    with client(server).responses.create(model="tiny", input="hi", stream=True) as stream:
+        events = list(stream)
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    assert "the model broke" in events[-2].message
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
+    monkeypatch.undo()
+    assert healthy_after(server)
+    with pytest.raises(openai.APIError, match="the model broke"):  # chat: an error chunk
+        monkeypatch.setattr(Session, "generate", broken)
+        list(client(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True))
+
+
 @pytest.mark.parametrize("body, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),

@@ -10,7 +10,8 @@ part added, ``response.output_text.delta`` per piece) or a ``function_call`` ite
 ``response.output_item.added`` and closed (``…done`` events, ``response.output_item.done``)
 when the next begins or the reply ends; ``closing(done)`` closes the open item and ends with
 ``response.completed`` (or ``response.incomplete``, reason ``max_output_tokens``, for a reply
-cut at the limit); ``failure(error)`` is an ``error`` event. Every event carries its ``type``
+cut at the limit); ``failure(error)`` is an ``error`` event, then ``response.failed`` (the
+terminal event clients wait for). Every event carries its ``type``
 and a ``sequence_number``. ``body(done)`` is the final ``response`` object, which equals the one
 in ``response.completed``; a whole (not streamed) answer feeds all deltas first, so both agree.
 ``usage`` has ``input_tokens`` (``input_tokens_details.cached_tokens``), ``output_tokens`` and
@@ -68,8 +69,11 @@ class ResponseWriter:
 
     def failure(self, error: ApiError) -> list[Event]:
         err = error.body()["error"]
-        return [self._event("error", code=err["code"] or err["type"], message=err["message"],
-                            param=err["param"])]
+        code = err["code"] or err["type"]
+        failed = self._response("failed", None)
+        failed["error"] = {"code": code, "message": err["message"]}
+        return [self._event("error", code=code, message=err["message"], param=err["param"]),
+                self._event("response.failed", response=failed)]
 
     # ---- the response -------------------------------------------------------------------
     def body(self, done: Completion) -> dict[str, Any]:
