@@ -259,10 +259,12 @@ def test_a_call_cut_short_leaves_no_tag_in_the_content():
     for n in range(1, len(CALL_OPEN)):
         assert parse_tool_calls("Let me check. " + CALL_OPEN[:n]).content == "Let me check."
     assert parse_tool_calls("a < b").content == "a < b"
-    for n in range(1, len(CALL_CLOSE) + 1):  # its JSON whole, its closer cut short: it counts
+    for n in range(1, len(CALL_CLOSE) + 2):  # its closer (and outer brace) cut: it counts
         turn = parse_tool_calls(CALL_TEXT[:-n])
         assert [(c.name, c.arguments) for c in turn.calls] == [("get_time", {"timezone": "UTC"})]
         assert turn.content == "" and not turn.errors
+    cut = parse_tool_calls(CALL_TEXT[: -len(CALL_CLOSE) - 3])  # the arguments unfinished
+    assert not cut.calls and cut.errors
 
 
 def test_messages_for_templates_without_tools():

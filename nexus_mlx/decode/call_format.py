@@ -40,6 +40,7 @@ from nexus_mlx.errors import ArgumentError, ToolError
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,24 @@ def cut_at_stop(text: str, stop: Sequence[str], calls: bool = False) -> str:
     return text[:cut]
 
 
+def _call_object(body: str, cut: bool) -> Any:
+    """A call's JSON; for a call ``cut`` short once its arguments were whole (only the outer
+    brace missing, as the grammar writes ``name`` then ``arguments``), that object too."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        head = _CUT_CALL.match(body) if cut else None
+        if head is None:
+            raise
+        arguments, end = json.JSONDecoder().raw_decode(body, head.end())
+        if body[end:].strip():
+            raise
+        return {"name": json.loads(head.group(1)), "arguments": arguments}
+
+
 def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
     """The prose and the calls of a finished turn (a call without its closer, or with part of
-    it, still counts).
+    it, or without its outer brace once its arguments are whole, still counts).
     With ``names`` (the offered tools), a reply without tags that is, or fences, exactly one
     JSON call to one of them counts as that call too."""
     if names and CALL_OPEN not in text:
@@ -146,11 +162,11 @@ def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
             return ParsedTurn(_FENCE.sub("", text).strip() if _FENCE.search(text) else "", bare)
     calls, errors = [], []
     for match in _CALL.finditer(text):
-        body = match.group(1)
-        if not match.group(0).endswith(CALL_CLOSE):  # cut short: maybe within its closer
+        body, cut = match.group(1), not match.group(0).endswith(CALL_CLOSE)
+        if cut:  # cut short: maybe within its closer
             body = body[: len(body) - partial_suffix(body, CALL_CLOSE)].rstrip()
         try:
-            value = json.loads(body)
+            value = _call_object(body, cut)
             if not isinstance(value, dict) or not isinstance(value.get("name"), str):
                 raise ValueError("not an object with a string 'name'")
             arguments = value.get("arguments", {})
