@@ -259,6 +259,7 @@ def test_a_call_cut_short_leaves_no_tag_in_the_content():
     for n in range(1, len(CALL_OPEN)):
         assert parse_tool_calls("Let me check. " + CALL_OPEN[:n]).content == "Let me check."
     assert parse_tool_calls("a < b").content == "a < b"
+    assert parse_tool_calls("Compare: a <", ended=True).content == "Compare: a <"  # its own end
     for n in range(1, len(CALL_CLOSE) + 2):  # its closer (and outer brace) cut: it counts
         turn = parse_tool_calls(CALL_TEXT[:-n])
         assert [(c.name, c.arguments) for c in turn.calls] == [("get_time", {"timezone": "UTC"})]

@@ -841,8 +841,9 @@ _CALL_TEXT = st.sampled_from([
 
 @settings(max_examples=200, deadline=None)
 @given(_PROSE, st.lists(st.tuples(st.sampled_from(["", "\n"]), _CALL_TEXT), max_size=3),
-       st.integers(0, 90), st.lists(st.sampled_from(["STOP", "\n", "}", "x"]), max_size=2))
-def test_the_assembler_agrees_with_the_session_on_any_text(prose, calls, cut, stop):
+       st.integers(0, 90), st.lists(st.sampled_from(["STOP", "\n", "}", "x"]), max_size=2),
+       st.booleans())
+def test_the_assembler_agrees_with_the_session_on_any_text(prose, calls, cut, stop, ended):
     # Texts as the constrained decoder writes them under "auto" (prose, then calls), cut short
     # anywhere: the session cuts at a stop string outside calls and parses; the assembler, fed
     # the growing text, reaches the same content and the same whole calls
@@ -852,8 +853,8 @@ def test_the_assembler_agrees_with_the_session_on_any_text(prose, calls, cut, st
     assembler, deltas = ReplyAssembler(calls=True, stop=stop), []
     for end in range(1, len(text) + 1):
         deltas += assembler.feed(text[:end])
-    deltas += assembler.finish(final)
-    expected = parse_tool_calls(final)
+    deltas += assembler.finish(final, ended)  # ended: the model's own end, not the limit
+    expected = parse_tool_calls(final, ended=ended)
     assert assembler.content == expected.content
     assert "".join(d.get("content", "") for d in deltas) == expected.content
     # a call cut short may have been announced already: it stays, its arguments as written

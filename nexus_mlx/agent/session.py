@@ -467,7 +467,9 @@ class Session:
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = cut_at_stop(text, stop, bool(calls))
-        parsed = _parsed_reply(text, tools or (), constraint) if calls else ParsedTurn(text.strip())
+        ended = finish != "length"  # the model ended the turn itself
+        parsed = (_parsed_reply(text, tools or (), constraint, ended) if calls
+                  else ParsedTurn(text.strip()))
         parsed = checked_calls(parsed, tools or ())
         if ground_optional and parsed.calls:
             parsed = grounded_calls(parsed, tools or (), quoted_text(messages))
@@ -477,12 +479,14 @@ class Session:
                      parsed.errors, guarded, drafts, scores)
 
 
-def _parsed_reply(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any) -> ParsedTurn:
+def _parsed_reply(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any,
+                  ended: bool) -> ParsedTurn:
     """The prose and calls of a reply that may hold calls. A reply held to a
     ``response_format`` is that JSON, never a call written without its tags."""
     if isinstance(constraint, CallsOrResponse):
-        return parse_tool_calls(text) if constraint.calling else ParsedTurn(text.strip())
-    return parse_tool_calls(text, [function_of(tool)["name"] for tool in tools])
+        return parse_tool_calls(text, ended=ended) if constraint.calling \
+            else ParsedTurn(text.strip())
+    return parse_tool_calls(text, [function_of(tool)["name"] for tool in tools], ended)
 
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:

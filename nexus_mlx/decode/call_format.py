@@ -15,8 +15,9 @@ Contract:
   :func:`checked_calls` keeps the calls that validate; :func:`grounded_calls` drops the optional
   arguments the conversation does not support (:mod:`~nexus_mlx.decode.grounding`).
 - :func:`without_calls` is a reply's text with its calls in the format taken out, and a
-  trailing start of an opener (``<tool_c``: a call cut short before its tag was whole): the
-  prose, which :mod:`~nexus_mlx.decode.prose_calls` reads for calls written as prose.
+  trailing start of an opener (``<tool_c``: a call cut short before its tag was whole) unless
+  the model ended the turn there: the prose, which :mod:`~nexus_mlx.decode.prose_calls` reads
+  for calls written as prose.
 - :func:`cut_at_stop` cuts a text at its first stop string; with ``calls``, one written inside
   a call (or a trailing opener's start) does not count: stop strings end prose, never a call.
 - :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
@@ -114,10 +115,12 @@ def call_spans(text: str) -> list[tuple[int, int]]:
     return spans + [(len(text) - tail, len(text))] if tail else spans
 
 
-def without_calls(text: str) -> str:
-    """``text`` with every call in the format (tags and contents) and a trailing start of an
-    opener taken out, unstripped."""
-    return _CALL.sub("", text[: len(text) - partial_suffix(text, CALL_OPEN)])
+def without_calls(text: str, ended: bool = False) -> str:
+    """``text`` with every call in the format (tags and contents) taken out, unstripped, and a
+    trailing start of an opener unless the model ``ended`` the turn there itself (then it is
+    prose: a reply cut short at the limit may have been opening a call)."""
+    tail = 0 if ended else partial_suffix(text, CALL_OPEN)
+    return _CALL.sub("", text[: len(text) - tail])
 
 
 def cut_at_stop(text: str, stop: Sequence[str], calls: bool = False) -> str:
@@ -151,9 +154,10 @@ def _call_object(body: str, cut: bool) -> Any:
         return {"name": json.loads(head.group(1)), "arguments": arguments}
 
 
-def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
+def parse_tool_calls(text: str, names: Sequence[str] = (), ended: bool = False) -> ParsedTurn:
     """The prose and the calls of a finished turn (a call without its closer, or with part of
-    it, or without its outer brace once its arguments are whole, still counts).
+    it, or without its outer brace once its arguments are whole, still counts; ``ended``: the
+    model ended the turn itself, see :func:`without_calls`).
     With ``names`` (the offered tools), a reply without tags that is, or fences, exactly one
     JSON call to one of them counts as that call too."""
     if names and CALL_OPEN not in text:
@@ -177,7 +181,7 @@ def parse_tool_calls(text: str, names: Sequence[str] = ()) -> ParsedTurn:
             calls.append(ParsedCall(value["name"], arguments))
         except ValueError as exc:
             errors.append(f"{body[:80]!r}: {exc}")
-    return ParsedTurn(without_calls(text).strip(), calls, errors)
+    return ParsedTurn(without_calls(text, ended).strip(), calls, errors)
 
 
 def parameter_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

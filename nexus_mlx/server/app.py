@@ -137,7 +137,8 @@ class GenerationHandler:
                 return _error(ApiError(499, "the client closed the request", type="cancelled"))
             return _error(ApiError(503, "the generation was cancelled: the server is stopping",
                                    type="server_error"))
-        return JSONResponse(answer.whole(done, assembler.finish(done.reply.text)))
+        return JSONResponse(answer.whole(done, assembler.finish(done.reply.text,
+                                                                _ended(done))))
 
     async def _events(self, prepared: Prepared, assembler: ReplyAssembler,
                       answer: Answer) -> AsyncIterator[dict[str, str]]:
@@ -179,11 +180,16 @@ class GenerationHandler:
                                                      "server is stopping", type="server_error")):
                     yield event
                 return
-            for event in [*answer.deltas(assembler.finish(done.reply.text)),
+            for event in [*answer.deltas(assembler.finish(done.reply.text, _ended(done))),
                           *answer.closing(done)]:
                 yield event
         finally:
             cancel.set()  # a no-op after a full reply; stops a generation the client left
+
+
+def _ended(done: Completion) -> bool:
+    """Whether the model ended its turn itself (not cut at the token limit)."""
+    return done.reply.finish_reason != "length"
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:

@@ -2,8 +2,9 @@
 the whole reply at once, so both answers agree).
 
 Contract: ``ReplyAssembler(calls=..., stop=...)``; ``feed(text)`` takes the whole text generated
-so far (each call a longer text) and returns the deltas it makes safe to send; ``finish(text)``
-takes the final text (the reply's, already cut at a stop string) and returns the rest.
+so far (each call a longer text) and returns the deltas it makes safe to send;
+``finish(text, ended)`` takes the final text (the reply's, already cut at a stop string;
+``ended``: the model ended the turn itself rather than hitting the limit) and returns the rest.
 Afterwards ``content`` and ``tool_calls`` hold the assembled message. Deltas are
 ``{"content": piece}``, ``{"tool_calls": [{"index", "id", "type", "function": {"name",
 "arguments": ""}}]}`` when a call's name is complete, then ``{"tool_calls": [{"index",
@@ -11,8 +12,8 @@ Afterwards ``content`` and ``tool_calls`` hold the assembled message. Deltas are
 
 The text's reading is the session's (:func:`~nexus_mlx.decode.call_format.parse_tool_calls`):
 a call runs from ``<tool_call>`` to the first ``</tool_call>`` (or the end); the content is the
-text outside calls, stripped, without a trailing start of an opener (a call cut short), and a
-stop string ends it only outside calls. So whitespace at either end of the content is held back
+text outside calls, stripped, without a trailing start of an opener unless the turn ``ended``
+there (else a call cut short), and a stop string ends it only outside calls. So whitespace at either end of the content is held back
 until text follows it, as is a tail that may begin a stop string or a call opener, and a
 trailing U+FFFD run (a character whose bytes are not all generated yet). A call's arguments are
 streamed as their raw JSON text (the constrained grammar writes ``{"name": ..., "arguments":
@@ -114,11 +115,13 @@ class ReplyAssembler:
         self._args_start: int | None = None
         self._args_sent = 0  # index up to which the arguments were sent
         self._value = _ValueEnd()
+        self._ended = False  # the model ended the turn itself (finish's argument)
 
     def feed(self, text: str) -> list[Delta]:
         return self._advance(text, final=False)
 
-    def finish(self, text: str) -> list[Delta]:
+    def finish(self, text: str, ended: bool = False) -> list[Delta]:
+        self._ended = ended
         deltas = self._advance(text, final=True)
         if self._in_call:
             deltas += self._close_call(text, len(text))
@@ -154,8 +157,8 @@ class ReplyAssembler:
                 self._open_call(start + len(CALL_OPEN))
                 continue
             end = limit
-            if self.calls_enabled:  # an opener's start: held back, and dropped at the end
-                end -= partial_suffix(text[self._pos:limit], CALL_OPEN)
+            if self.calls_enabled and not (final and self._ended):  # an opener's start:
+                end -= partial_suffix(text[self._pos:limit], CALL_OPEN)  # held, dropped if cut
             deltas += self._prose(text[self._pos:end])
             self._pos = end
             break
