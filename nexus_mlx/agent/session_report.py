@@ -58,6 +58,11 @@ class Reply:
     drafts: LookaheadStats = field(default_factory=LookaheadStats)  # copy drafts while decoding
     logprobs: list[TokenLogprob] | None = None  # per id of ``tokens`` but an end-of-turn one
 
+    @property
+    def ended(self) -> bool:
+        """Whether the model ended its turn itself (not cut at ``max_tokens`` or the context)."""
+        return self.finish_reason != "length"
+
 
 def token_logprob(logits: mx.array, token: int, top: int, vocab_size: int) -> TokenLogprob:
     """``token``'s log probability under ``logits`` ``(V,)`` (the row it was drawn from,

@@ -41,7 +41,10 @@ from nexus_mlx.errors import ArgumentError, ToolError
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
-_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
+# a call's JSON as the grammar writes it: its name (group 1, the string's body), then its arguments
+CALL_NAME = r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+CALL_ARGUMENTS = r'\s*,\s*"arguments"\s*:\s*'
+_CUT_CALL = re.compile(CALL_NAME + CALL_ARGUMENTS, re.S)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _call_object(body: str, cut: bool) -> Any:
         arguments, end = json.JSONDecoder().raw_decode(body, head.end())
         if body[end:].strip():
             raise
-        return {"name": json.loads(head.group(1)), "arguments": arguments}
+        return {"name": json.loads(f'"{head.group(1)}"'), "arguments": arguments}
 
 
 def parse_tool_calls(text: str, names: Sequence[str] = (), ended: bool = False) -> ParsedTurn:

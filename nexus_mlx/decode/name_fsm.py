@@ -114,6 +114,15 @@ class TokenVocab:
 _VOCABS: weakref.WeakKeyDictionary[Any, TokenVocab] = weakref.WeakKeyDictionary()
 
 
+def token_bytes(tokenizer: Any, token: int) -> bytes:
+    """``token``'s UTF-8 bytes; a special token's (which has none in the vocabulary): its text."""
+    vocab = vocab_of(tokenizer)
+    data = vocab.token_bytes[token]
+    if data and token not in vocab.special_ids:
+        return data
+    return str(tokenizer.decode([token])).encode()
+
+
 def vocab_of(tokenizer: Any) -> TokenVocab:
     """:class:`TokenVocab` of ``tokenizer``, cached per tokenizer object (a vocab passes through)."""
     if isinstance(tokenizer, TokenVocab):

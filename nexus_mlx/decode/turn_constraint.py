@@ -38,9 +38,11 @@ import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_CLOSE, CALL_OPEN, call_schema, function_of
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
-from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.name_fsm import token_bytes, vocab_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
 from nexus_mlx.errors import ArgumentError
+
+MODES = ("none", "auto", "required")  # the tool_choice strings
 
 
 class TurnConstraint:
@@ -58,13 +60,9 @@ class TurnConstraint:
     ) -> None:
         self.optional_margin = checked_margin(optional_margin)
         self.vocab = vocab_of(tokenizer)
-        names = [function_of(t)["name"] for t in tools]
-        choice, allowed = parse_choice(tool_choice)
-        if choice not in ("none", "auto", "required"):
+        choice, allowed = resolve_choice(tool_choice, [function_of(t)["name"] for t in tools])
+        if choice not in MODES:
             allowed = [choice]
-        strays = [n for n in allowed or () if n not in names]
-        if strays:
-            raise ArgumentError(f"tool_choice names {strays}, not among the offered tools {names}")
         if choice != "none" and not tools:
             raise ArgumentError(f"tool_choice {choice!r} needs at least one tool")
         offered = [t for t in tools if function_of(t)["name"] in allowed] if allowed else tools
@@ -156,9 +154,7 @@ class TurnConstraint:
             self._open_call(self._newline)
 
     def _token_text(self, token: int) -> str:
-        if token in self.vocab.special_ids or not self.vocab.token_bytes[token]:
-            return str(self._tokenizer.decode([token]))
-        return self.vocab.token_bytes[token].decode("utf-8", errors="replace")
+        return token_bytes(self._tokenizer, token).decode("utf-8", errors="replace")
 
     def _only(self, *ids: int) -> np.ndarray:
         mask = np.zeros(self.vocab.size, dtype=bool)
@@ -172,6 +168,18 @@ def _function_name(tool: Any) -> Any:
         return None
     fn = tool.get("function")
     return fn.get("name") if isinstance(fn, Mapping) else None
+
+
+def resolve_choice(tool_choice: str | Mapping[str, Any],
+                   names: Sequence[str]) -> tuple[str, list[str] | None]:
+    """:func:`parse_choice`, with every tool it names checked to be among ``names`` (the
+    offered tools; :class:`~nexus_mlx.errors.ArgumentError` otherwise)."""
+    choice, allowed = parse_choice(tool_choice)
+    strays = [n for n in allowed or ([] if choice in MODES else [choice]) if n not in names]
+    if strays:
+        raise ArgumentError(f"tool_choice names {', '.join(map(repr, strays))}, which is not "
+                            f"among the offered tools {list(names)}")
+    return choice, allowed
 
 
 def parse_choice(tool_choice: str | Mapping[str, Any]) -> tuple[str, list[str] | None]:

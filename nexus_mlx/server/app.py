@@ -138,7 +138,7 @@ class GenerationHandler:
             return _error(ApiError(503, "the generation was cancelled: the server is stopping",
                                    type="server_error"))
         return JSONResponse(answer.whole(done, assembler.finish(done.reply.text,
-                                                                _ended(done))))
+                                                                done.reply.ended)))
 
     async def _events(self, prepared: Prepared, assembler: ReplyAssembler,
                       answer: Answer) -> AsyncIterator[dict[str, str]]:
@@ -180,16 +180,11 @@ class GenerationHandler:
                                                      "server is stopping", type="server_error")):
                     yield event
                 return
-            for event in [*answer.deltas(assembler.finish(done.reply.text, _ended(done))),
+            for event in [*answer.deltas(assembler.finish(done.reply.text, done.reply.ended)),
                           *answer.closing(done)]:
                 yield event
         finally:
             cancel.set()  # a no-op after a full reply; stops a generation the client left
-
-
-def _ended(done: Completion) -> bool:
-    """Whether the model ended its turn itself (not cut at the token limit)."""
-    return done.reply.finish_reason != "length"
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:

@@ -54,7 +54,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
-from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.name_fsm import token_bytes
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.models.arch import model_plan
@@ -200,11 +200,6 @@ class Engine:
         with self._lock:
             self.cancelled += 1
 
-    def _token_bytes(self, token: int) -> bytes:
-        """A token's UTF-8 bytes (a special token's: its text). On the MLX thread."""
-        data = vocab_of(self.tokenizer).token_bytes[token]
-        return data or str(self.tokenizer.decode([token])).encode()
-
     def _generate(self, session: Session, prepared: Prepared,
                   on_text: Callable[[str], None] | None, cancel: threading.Event,
                   on_logprob: Callable[[dict[str, Any]], None] | None
@@ -222,7 +217,7 @@ class Engine:
         entries: list[dict[str, Any]] = []
 
         def shape(scored: TokenLogprob) -> None:  # each id's entry, made once, sent as made
-            entries.append(logprob_entry(scored, self._token_bytes))
+            entries.append(logprob_entry(scored, lambda t: token_bytes(self.tokenizer, t)))
             if on_logprob is not None:
                 on_logprob(entries[-1])
 

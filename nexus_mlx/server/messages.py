@@ -30,7 +30,7 @@ import json
 import re
 from typing import Any
 
-from nexus_mlx.decode.turn_constraint import parse_choice
+from nexus_mlx.decode.turn_constraint import MODES, resolve_choice
 from nexus_mlx.errors import ArgumentError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -204,23 +204,16 @@ def check_tools(value: Any) -> list[dict[str, Any]]:
 
 def check_tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
     """``"none"`` / ``"auto"`` / ``"required"``, a named function among ``tools``, or
-    ``allowed_tools`` naming some of them (:func:`~nexus_mlx.decode.turn_constraint.parse_choice`),
-    normalized."""
-    names = [t["function"]["name"] for t in tools]
-    choice, allowed = parse_choice(value)
-    modes = ("none", "auto", "required")
-    if isinstance(value, str) and choice not in modes:
+    ``allowed_tools`` naming some of them
+    (:func:`~nexus_mlx.decode.turn_constraint.resolve_choice`), normalized."""
+    if isinstance(value, str) and value not in MODES:
         raise ArgumentError(f"tool_choice must be 'none', 'auto', 'required' or a named "
                             f"function, got {value!r}")
+    choice, allowed = resolve_choice(value, [t["function"]["name"] for t in tools])
     if choice == "required" and not tools:
         raise ArgumentError("tool_choice 'required' needs tools")
-    named = allowed or ([] if choice in modes else [choice])
-    strays = [n for n in named if n not in names]
-    if strays:
-        raise ArgumentError(f"tool_choice names {', '.join(map(repr, strays))}, which is not "
-                            f"among the offered tools {names}")
     if allowed is not None:
         return {"type": "allowed_tools", "allowed_tools": {
             "mode": choice, "tools": [{"type": "function", "function": {"name": n}}
                                       for n in allowed]}}
-    return choice if choice in modes else {"type": "function", "function": {"name": choice}}
+    return choice if choice in MODES else {"type": "function", "function": {"name": choice}}

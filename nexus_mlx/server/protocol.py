@@ -36,8 +36,9 @@ from nexus_mlx.server.messages import NAME, check_messages, check_tool_choice, c
 
 MAX_STOP = 4
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's range: a signed 64-bit integer
-# fields that change nothing here, with the values that keep it so
-_NO_OPS: dict[str, Callable[[Any], bool]] = {
+# fields that change nothing here, with the values that keep it so: those every OpenAI API
+# has, then chat completions' own
+SHARED_NO_OPS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: v is None or isinstance(v, str),
     "safety_identifier": lambda v: v is None or isinstance(v, str),
     "prompt_cache_key": lambda v: v is None or isinstance(v, str),  # the pool finds its cache
@@ -45,6 +46,9 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "metadata": lambda v: v is None or isinstance(v, dict),
     "store": lambda v: v in (None, False, True),
     "service_tier": lambda v: v is None or isinstance(v, str),
+}
+_NO_OPS: dict[str, Callable[[Any], bool]] = {
+    **SHARED_NO_OPS,
     "n": lambda v: v in (None, 1) and not isinstance(v, bool),
     "modalities": lambda v: v is None or v == ["text"],
 }

@@ -166,7 +166,7 @@ class ResponseWriter:
 
 
 def _status(done: Completion) -> str:
-    return "incomplete" if done.reply.finish_reason == "length" else "completed"
+    return "completed" if done.reply.ended else "incomplete"
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

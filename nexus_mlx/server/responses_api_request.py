@@ -36,17 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mlx.errors import ArgumentError
-from nexus_mlx.server.protocol import ApiError, ChatRequest, field_problem, parse_chat_request
+from nexus_mlx.server.protocol import (
+    SHARED_NO_OPS,
+    ApiError,
+    ChatRequest,
+    field_problem,
+    parse_chat_request,
+)
 
 # fields that change nothing here, with the values that keep it so
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
-    "store": lambda v: v in (None, False, True),
-    "metadata": lambda v: v is None or isinstance(v, dict),
-    "user": lambda v: v is None or isinstance(v, str),
-    "safety_identifier": lambda v: v is None or isinstance(v, str),
-    "prompt_cache_key": lambda v: v is None or isinstance(v, str),
-    "prompt_cache_retention": lambda v: v is None or isinstance(v, str),
-    "service_tier": lambda v: v is None or isinstance(v, str),
+    **SHARED_NO_OPS,
     "truncation": lambda v: v in (None, "disabled"),
     "include": lambda v: v is None or v == [],
     "reasoning": lambda v: v is None,

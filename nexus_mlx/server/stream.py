@@ -35,10 +35,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nexus_mlx.decode.call_format import CALL_CLOSE, CALL_OPEN, cut_at_stop, partial_suffix
+from nexus_mlx.decode.call_format import (
+    CALL_ARGUMENTS,
+    CALL_CLOSE,
+    CALL_NAME,
+    CALL_OPEN,
+    cut_at_stop,
+    partial_suffix,
+)
 
-_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', re.S)
-_ARGS = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)', re.S)
+_NAME = re.compile(CALL_NAME, re.S)
+_ARGS = re.compile(CALL_ARGUMENTS + r"(?=\S)", re.S)
 Delta = dict[str, Any]
 
 
