@@ -1,6 +1,8 @@
 """``POST /v1/responses`` over loopback with the real ``openai`` client: whole and streamed
 answers agree (the stream read by the client's own accumulator), calls and their results round
-trip through the live session, and what the server cannot honour is refused by name."""
+trip through the live session, a response continued by ``previous_response_id`` answers as the
+whole conversation sent again does, stored responses are read back and deleted, and what the
+server cannot honour is refused by name."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ openai = pytest.importorskip("openai")
 
 from test_server import TINY_CONTEXT, TINY_SCHEMAS, _tiny_llama, client, http  # noqa: E402
 
+from nexus_mlx.errors import ArgumentError  # noqa: E402
 from nexus_mlx.server import serve  # noqa: E402
+from nexus_mlx.server.protocol import ApiError  # noqa: E402
+from nexus_mlx.server.response_store import ResponseStore  # noqa: E402
 from nexus_mlx.server.responses_api_request import parse_responses_request  # noqa: E402
 
 TOOLS = [{"type": "function", "name": name, "parameters": schema}
@@ -154,6 +159,7 @@ def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
 
 @pytest.mark.parametrize("body, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"previous_response_id": 7}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"truncation": "auto"}, "truncation"),
@@ -214,3 +220,115 @@ def test_items_become_one_conversation():
     assert [m["content"] for m in chat.messages[3:]] == ["1", "2"]
     assert chat.tool_choice == {"type": "function", "function": {"name": "g"}}
     assert [t["function"]["name"] for t in chat.tools] == ["f", "g"]
+
+
+# ---- stored responses: previous_response_id, GET and DELETE -----------------------------------
+def _call_then_result(c: Any, **first: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """A forced call, and the tool result that answers it (the next turn's new input)."""
+    response = c.responses.create(model="tiny", input="What time is it in Tokyo?", tools=TOOLS,
+                                  tool_choice="required", parallel_tool_calls=False,
+                                  max_output_tokens=40, **first)
+    [call] = response.output
+    return response, call, [{"type": "function_call_output", "call_id": call.call_id,
+                             "output": '{"time": "18:00"}'}]
+
+
+def test_a_continued_response_answers_as_the_whole_conversation_does(server):
+    c = client(server)
+    first, call, result = _call_then_result(c)
+    assert first.store and first.previous_response_id is None
+    ask = dict(model="tiny", tools=TOOLS, tool_choice="none", max_output_tokens=8)
+    continued = c.responses.create(previous_response_id=first.id, input=result, **ask)
+    assert continued.previous_response_id == first.id
+    # the oracle: the client sends the whole conversation itself
+    whole = c.responses.create(input=[
+        {"role": "user", "content": "What time is it in Tokyo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments}, *result], **ask)
+    assert _items(continued) == _items(whole)
+    assert continued.usage.input_tokens == whole.usage.input_tokens
+    assert whole.usage.input_tokens_details.cached_tokens > 0  # one live session served both
+    # a third turn continues the second, streamed; the stored chain holds all five items
+    third, _ = _streamed(c, previous_response_id=continued.id, input="And in Lima?",
+                         **{**ask, "max_output_tokens": 6})
+    assert third.previous_response_id == continued.id
+    assert third.usage.input_tokens > continued.usage.input_tokens
+    assert third.usage.input_tokens_details.cached_tokens >= continued.usage.input_tokens - 1
+    assert c.responses.retrieve(third.id).output[0].content[0].text == third.output_text
+
+
+def test_stored_responses_are_read_back_and_deleted(server):
+    c = client(server)
+    first, _, result = _call_then_result(c)
+    assert c.responses.retrieve(first.id).model_dump() == first.model_dump()
+    second = c.responses.create(model="tiny", previous_response_id=first.id, input=result,
+                                max_output_tokens=4)
+    status, body = http(server, f"/v1/responses/{first.id}", method="DELETE")
+    assert status == 200 and body == {"id": first.id, "object": "response.deleted",
+                                      "deleted": True}
+    for method in ("GET", "DELETE"):
+        status, body = http(server, f"/v1/responses/{first.id}", method=method)
+        assert status == 404 and body["error"]["code"] == "not_found", (method, body)
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.responses.create(model="tiny", previous_response_id=first.id, input=result)
+    assert refused.value.code == "previous_response_not_found"
+    # the second response holds its whole conversation: deleting the first loses nothing
+    again = c.responses.create(model="tiny", previous_response_id=second.id, input="Thanks.",
+                               max_output_tokens=4)
+    assert again.usage.input_tokens > second.usage.input_tokens
+    assert healthy_after(server)
+
+
+def test_store_false_keeps_nothing(server):
+    c = client(server)
+    unstored, _, result = _call_then_result(c, store=False)
+    assert unstored.store is False
+    assert http(server, f"/v1/responses/{unstored.id}")[0] == 404
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        c.responses.create(model="tiny", previous_response_id=unstored.id, input=result)
+
+
+def test_a_server_that_stores_nothing_says_so(default_model):
+    with serve(_tiny_llama(), default_model[1], model_name="tiny", host="127.0.0.1", port=0,
+               max_stored_responses=0) as running:
+        reply = client(running).responses.create(model="tiny", input="hi", max_output_tokens=2)
+        assert reply.store is False
+        assert http(running, f"/v1/responses/{reply.id}")[0] == 404
+
+
+def test_a_continuation_takes_the_stored_items_and_only_the_new_instructions():
+    stored = [{"type": "message", "role": "user", "content": "hi"},
+              {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]}]
+    previous = {"resp_a": stored}.get
+    parsed = parse_responses_request({"model": "m", "instructions": "Be terse.",
+                                      "previous_response_id": "resp_a", "input": "More?"},
+                                     previous)
+    assert not isinstance(parsed, ApiError), parsed
+    assert [(m["role"], m["content"]) for m in parsed.chat.messages] == [
+        ("system", "Be terse."), ("user", "hi"), ("assistant", "Hello."), ("user", "More?")]
+    assert list(parsed.items) == [*stored, {"type": "message", "role": "user",
+                                            "content": "More?"}]
+    assert parsed.store and parsed.echo["previous_response_id"] == "resp_a"
+    missing = parse_responses_request({"model": "m", "previous_response_id": "resp_b",
+                                       "input": "x"}, previous)
+    assert isinstance(missing, ApiError) and missing.code == "previous_response_not_found"
+    # an error in the new input is named by its own index, not the stored items'
+    bad = parse_responses_request({"model": "m", "previous_response_id": "resp_a",
+                                   "input": [{"type": "message", "role": "robot"}]}, previous)
+    assert isinstance(bad, ApiError) and bad.param == "input" and "input[0]" in bad.message
+
+
+def test_the_store_drops_the_least_recently_used():
+    store = ResponseStore(2)
+    for name in ("a", "b"):
+        store.put({"id": name}, [{"n": name}])
+    assert store.get("a") is not None  # read: now the most recently used
+    store.put({"id": "c"}, [])
+    assert store.get("b") is None and store.get("a") and store.get("c") and len(store) == 2
+    assert store.delete("a") and not store.delete("a")
+    off = ResponseStore(0)
+    off.put({"id": "a"}, [])
+    assert not off.enabled and off.get("a") is None
+    with pytest.raises(ArgumentError):
+        ResponseStore(-1)

@@ -308,6 +308,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     max_tokens = checks.positive_int(args.max_tokens, "--max-tokens")
     guard = checks.nats(args.guard, "--guard")
     draft_tokens = checks.non_negative_int(args.draft_tokens, "--draft-tokens")
+    stored = checks.non_negative_int(args.max_stored_responses, "--max-stored-responses")
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
@@ -315,7 +316,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
                         max_sessions=max_sessions, max_tokens=max_tokens,
                         heal_after_reply=args.heal_after_reply, guard=guard,
-                        draft_tokens=draft_tokens)
+                        draft_tokens=draft_tokens, max_stored_responses=stored)
     except BaseException:
         sock.close()
         raise

@@ -21,6 +21,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import NexusError
+from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES
 
 DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
 MODEL_HELP = ("model spec: 'default', 'qwen2.5-coder-0.5b', 'gemma3-270m', a .gguf file or an "
@@ -120,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a reply copies its conversation (a quoted argument, a tool "
                    "result), draft N tokens ahead and verify them in one pass: the same reply "
                    f"sooner; 0 turns it off (default {DEFAULT_DRAFT_TOKENS})")
+    p.add_argument("--max-stored-responses", type=int, default=DEFAULT_MAX_RESPONSES,
+                   metavar="N", help="Responses API: finished responses kept in memory for "
+                   "previous_response_id and GET /v1/responses/{id} (least recently used "
+                   f"dropped first); 0 keeps none (default {DEFAULT_MAX_RESPONSES})")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

@@ -12,7 +12,9 @@ not streamed (``deltas``: everything the assembler made of the final text). Even
   role chunk, the deltas, a ``finish_reason`` chunk, a usage chunk with
   ``stream_options.include_usage``, then ``data: [DONE]``.
 - :class:`ResponsesAnswer`: the Responses API's ``response`` and typed events
-  (:mod:`.responses_api_output`); no ``[DONE]``.
+  (:mod:`.responses_api_output`); no ``[DONE]``. A finished response (completed or cut at the
+  limit; not a failed one) is kept in the :class:`~.response_store.ResponseStore` when the
+  request asks for it (``store``), with its conversation: the request's items, then its output.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 
 from nexus_mlx.server import responses as R
 from nexus_mlx.server.protocol import ApiError, ChatRequest
+from nexus_mlx.server.response_store import ResponseStore
 from nexus_mlx.server.responses import Completion
 from nexus_mlx.server.responses_api_output import ResponseWriter
 from nexus_mlx.server.responses_api_request import ResponsesRequest
@@ -82,8 +85,15 @@ class ChatAnswer:
 class ResponsesAnswer:
     """The Responses API (module docstring)."""
 
-    def __init__(self, request: ResponsesRequest, assembler: ReplyAssembler) -> None:
-        self.writer = ResponseWriter(request)
+    def __init__(self, request: ResponsesRequest, assembler: ReplyAssembler,
+                 store: ResponseStore) -> None:
+        self.request, self.store = request, store
+        self.writer = ResponseWriter(request, stored=request.store and store.enabled)
+
+    def _keep(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.writer.stored:
+            self.store.put(body, [*self.request.items, *self.writer.output])
+        return body
 
     def logprob(self, entry: dict[str, Any]) -> None:
         """Not asked for here (this server refuses the Responses API's logprob options)."""
@@ -99,11 +109,13 @@ class ResponsesAnswer:
         return self._sse(self.writer.events(deltas))
 
     def closing(self, done: Completion) -> list[Sse]:
-        return self._sse(self.writer.closing(done))
+        events = self.writer.closing(done)
+        self._keep(events[-1]["response"])
+        return self._sse(events)
 
     def failure(self, error: ApiError) -> list[Sse]:
         return self._sse(self.writer.failure(error))
 
     def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
         self.writer.events(deltas)
-        return self.writer.body(done)
+        return self._keep(self.writer.body(done))

@@ -1,7 +1,7 @@
 """The HTTP surface: a Starlette app with OpenAI's chat-completions and Responses routes over an
 :class:`Engine`.
 
-Contract: ``build_app(engine, model_names)`` serves
+Contract: ``build_app(engine, model_names, executor, store)`` serves
 
 - ``POST /v1/chat/completions``: the body is checked (:mod:`.protocol`), the model named must be
   one of ``model_names`` (else HTTP 404 ``model_not_found``), the conversation is rendered and
@@ -13,9 +13,12 @@ Contract: ``build_app(engine, model_names)`` serves
   ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`).
 - ``POST /v1/responses``: the Responses API, read as the chat request it asks for
   (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
-  its typed events (:mod:`.answers`).
-- ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters and the
-  pool's sessions and bytes).
+  its typed events (:mod:`.answers`). Finished responses are kept in ``store``
+  (:mod:`.response_store`), so ``previous_response_id`` can continue one;
+  ``GET /v1/responses/{id}`` reads one back and ``DELETE /v1/responses/{id}`` forgets it (an
+  unknown id: HTTP 404).
+- ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters, the
+  pool's sessions and bytes, and how many responses are stored).
 
 A client that goes away stops its generation at the next token (streamed: the stream's end;
 whole: a disconnect poll). A failure inside generation is answered 500 (``server_error``), or as
@@ -48,6 +51,7 @@ from nexus_mlx.server import responses as R
 from nexus_mlx.server.answers import Answer, ChatAnswer, ResponsesAnswer
 from nexus_mlx.server.engine import Engine, Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
+from nexus_mlx.server.response_store import ResponseStore
 from nexus_mlx.server.responses import Completion
 from nexus_mlx.server.responses_api_request import parse_responses_request, responses_error
 from nexus_mlx.server.stream import ReplyAssembler
@@ -82,7 +86,17 @@ class Api:
 
 
 CHAT = Api(parse_chat_request, lambda r: r, ChatAnswer)
-RESPONSES = Api(parse_responses_request, lambda r: r.chat, ResponsesAnswer, responses_error)
+
+
+def responses_api(store: ResponseStore) -> Api:
+    """The Responses API over ``store``: what ``previous_response_id`` continues, and where
+    finished responses are kept."""
+    def previous(response_id: str) -> tuple[Any, ...] | None:
+        found = store.get(response_id)
+        return None if found is None else found.items
+
+    return Api(lambda body: parse_responses_request(body, previous), lambda r: r.chat,
+               lambda r, assembler: ResponsesAnswer(r, assembler, store), responses_error)
 
 
 class GenerationHandler:
@@ -195,11 +209,13 @@ async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Starlette:
-    """The Starlette app (see the module docstring)."""
+def build_app(engine: Engine, model_names: list[str], executor: Executor,
+              store: ResponseStore | None = None) -> Starlette:
+    """The Starlette app (see the module docstring); ``store``: a default one if None."""
     started = R.now()
+    store = ResponseStore() if store is None else store
     chat = GenerationHandler(CHAT, engine, model_names, executor)
-    responses = GenerationHandler(RESPONSES, engine, model_names, executor)
+    responses = GenerationHandler(responses_api(store), engine, model_names, executor)
 
     async def models(request: Request) -> Response:
         return JSONResponse(R.models_body(model_names, started))
@@ -211,8 +227,20 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Sta
                                    "model_not_found"))
         return JSONResponse(R.model_body(name, started))
 
+    async def stored(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if request.method == "DELETE" and store.delete(response_id):
+            return JSONResponse({"id": response_id, "object": "response.deleted",
+                                 "deleted": True})
+        found = store.get(response_id) if request.method == "GET" else None
+        if found is None:
+            return _error(ApiError(404, f"Response with id {response_id!r:.80} not found.",
+                                   "response_id", "not_found"))
+        return JSONResponse(found.body)
+
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "models": model_names, **engine.stats()})
+        return JSONResponse({"status": "ok", "models": model_names, **engine.stats(),
+                             "stored_responses": len(store)})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -223,6 +251,7 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor) -> Sta
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
         Route("/v1/responses", responses.handle, methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored, methods=["GET", "DELETE"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

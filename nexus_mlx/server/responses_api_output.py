@@ -1,7 +1,7 @@
 """One assistant turn as OpenAI's Responses API returns it: the ``response`` object, and its
 stream of typed events.
 
-Contract: ``ResponseWriter(request)`` follows the chat deltas of one reply
+Contract: ``ResponseWriter(request, stored)`` follows the chat deltas of one reply
 (:class:`~.stream.ReplyAssembler`'s: content pieces, a call's header, its argument fragments).
 ``opening()`` is the stream's first events (``response.created``, ``response.in_progress``);
 ``events(deltas)`` the events the deltas make: a ``message`` output item (its ``output_text``
@@ -15,7 +15,9 @@ terminal event clients wait for). Every event carries its ``type``
 and a ``sequence_number``. ``body(done)`` is the final ``response`` object, which equals the one
 in ``response.completed``; a whole (not streamed) answer feeds all deltas first, so both agree.
 ``usage`` has ``input_tokens`` (``input_tokens_details.cached_tokens``), ``output_tokens`` and
-``total_tokens``, plus the chat answers' ``nexus`` extension. It knows nothing about HTTP.
+``total_tokens``, plus the chat answers' ``nexus`` extension. ``store`` says ``stored`` (whether
+the server keeps the response); ``previous_response_id`` echoes the request's. It knows nothing
+about HTTP or how responses are stored.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def _id(prefix: str) -> str:
 class ResponseWriter:
     """See the module docstring."""
 
-    def __init__(self, request: ResponsesRequest) -> None:
-        self.request = request
+    def __init__(self, request: ResponsesRequest, stored: bool = False) -> None:
+        self.request, self.stored = request, stored
         self.id, self.created = _id("resp"), R.now()
         self.output: list[dict[str, Any]] = []  # items, the last one maybe still open
         self._open = False
@@ -91,8 +93,8 @@ class ResponseWriter:
             "max_output_tokens": echo.get("max_output_tokens"),
             "parallel_tool_calls": r.parallel_tool_calls, "temperature": r.temperature,
             "top_p": r.top_p, "text": echo.get("text"), "tool_choice": echo.get("tool_choice"),
-            "tools": echo.get("tools"), "truncation": "disabled", "store": False,
-            "previous_response_id": None, "reasoning": None,
+            "tools": echo.get("tools"), "truncation": "disabled", "store": self.stored,
+            "previous_response_id": echo.get("previous_response_id"), "reasoning": None,
             "usage": _usage(done) if done is not None else None,
         }
 

@@ -1,37 +1,41 @@
 """A ``POST /v1/responses`` body (OpenAI's Responses API) read as the chat request it asks for.
 
-Contract: :func:`parse_responses_request` ``(body)`` returns a :class:`ResponsesRequest` (the
-equivalent :class:`~.protocol.ChatRequest` and the fields a response echoes) or an
-:class:`~.protocol.ApiError` (HTTP 400 naming the field). The server is stateless, as with chat
-completions: the client sends the whole conversation in ``input`` each turn, and the pool finds
-the live session that holds it. So:
+Contract: :func:`parse_responses_request` ``(body, previous)`` returns a
+:class:`ResponsesRequest` (the equivalent :class:`~.protocol.ChatRequest`, the conversation as
+input items, whether to store the response, and the fields a response echoes) or an
+:class:`~.protocol.ApiError` (HTTP 400 naming the field). The client sends the whole
+conversation in ``input`` each turn, or only what is new since a stored response it names in
+``previous_response_id`` (``previous(id)`` gives that response's conversation items, or None
+when it is unknown: ``previous_response_not_found``); either way the pool finds the live
+session that holds the conversation. So:
 
 - ``input``: a string (one user message) or a list of items: messages (``role`` ``user`` /
   ``assistant`` / ``system`` / ``developer``, the last read as ``system``; ``content`` a string
   or ``input_text`` / ``output_text`` parts), ``function_call`` (consecutive calls, and the
   assistant message before them, make one assistant turn) and ``function_call_output`` (a tool
-  result). ``instructions`` is a first system message.
+  result). ``instructions`` is a first system message; it is not carried over from a previous
+  response (as OpenAI's API does not).
 - ``tools``: ``function`` tools (``name``, ``description``, ``parameters``, ``strict``);
   ``tool_choice``: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}`` /
   ``{"type": "allowed_tools", "mode", "tools"}``;
   ``parallel_tool_calls``; ``text.format``: ``text`` / ``json_object`` / ``json_schema`` (its
   ``name``, ``schema``, ``strict``, ``description``); ``max_output_tokens``; ``temperature``;
-  ``top_p``; ``stream``.
-- Fields that change nothing here are accepted (``store``: nothing is stored; ``metadata`` is
-  echoed; ``user``, ``truncation: "disabled"``, ...). What needs state or a capability this
-  server lacks is refused by name: ``previous_response_id`` and ``conversation`` (send the
-  whole conversation), hosted tools (``web_search``, ``file_search``, ...), ``reasoning``
-  items and options, ``background``, non-text input parts, ``include``.
+  ``top_p``; ``stream``; ``store`` (default true: the response can be continued and read back).
+- Fields that change nothing here are accepted (``metadata`` is echoed; ``user``,
+  ``truncation: "disabled"``, ...). What needs a capability this server lacks is refused by
+  name: ``conversation`` (the Conversations API), hosted tools (``web_search``,
+  ``file_search``, ...), ``reasoning`` items and options, ``background``, non-text input parts,
+  ``include``.
 
 Checks past the translation are the chat request's (:func:`~.protocol.parse_chat_request`);
 their errors, and the engine's (:func:`responses_error`), name the Responses field (``input``
-for ``messages``, ``max_output_tokens``, ``text.format``). It knows nothing about HTTP or
-generation.
+for ``messages``, ``max_output_tokens``, ``text.format``). It knows nothing about HTTP,
+generation or how responses are stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +54,6 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "truncation": lambda v: v in (None, "disabled"),
     "include": lambda v: v is None or v == [],
     "reasoning": lambda v: v is None,
-    "previous_response_id": lambda v: v is None,
     "conversation": lambda v: v is None,
     "background": lambda v: v in (None, False),
     "max_tool_calls": lambda v: v is None,
@@ -59,10 +62,8 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "stream_options": lambda v: v is None or isinstance(v, dict),
 }
 _WHY = {
-    "previous_response_id": "is not served: this server stores no responses; send the whole "
-                            "conversation in input (its live session keeps the cache)",
-    "conversation": "is not served: this server stores no conversations; send the whole "
-                    "conversation in input",
+    "conversation": "is not served: this server keeps no conversations; send the whole "
+                    "conversation in input, or continue a response with previous_response_id",
     "reasoning": "is not served: this server's models take no reasoning options",
     "truncation": "is not served: only truncation 'disabled' is; a conversation past the "
                   "context is refused, not trimmed",
@@ -72,32 +73,69 @@ _CHAT_PARAM = {"messages": "input", "max_tokens": "max_output_tokens",
                "response_format": "text.format"}
 
 
+Items = Sequence[Mapping[str, Any]]
+Previous = Callable[[str], Items | None]  # a stored response's conversation items, by id
+
+
 @dataclass(frozen=True)
 class ResponsesRequest:
     chat: ChatRequest
     echo: dict[str, Any] = field(default_factory=dict)  # fields the response repeats
+    items: tuple[Mapping[str, Any], ...] = ()  # the conversation as input items
+    store: bool = True  # keep the response, to be continued and read back
 
 
-def parse_responses_request(body: Any) -> ResponsesRequest | ApiError:
+def _no_previous(response_id: str) -> Items | None:
+    return None
+
+
+def parse_responses_request(body: Any, previous: Previous = _no_previous
+                            ) -> ResponsesRequest | ApiError:
     """The request, or its first problem (module docstring)."""
     if not isinstance(body, Mapping):
         return ApiError(400, "the request body must be a JSON object")
     known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
-             *_PASSED, *_NO_OPS}
+             "previous_response_id", *_PASSED, *_NO_OPS}
     problem = field_problem(body, known, _NO_OPS, _WHY)
     if problem is not None:
         return problem
-    chat = _chat_body(body)
+    conversation = _conversation(body, previous)
+    if isinstance(conversation, ApiError):
+        return conversation
+    items, earlier = conversation
+    chat = _chat_body(body, items, earlier)
     if isinstance(chat, ApiError):
         return chat
     parsed = parse_chat_request(chat)
     if isinstance(parsed, ApiError):
         return responses_error(parsed)
-    echo = {name: body.get(name) for name in ("instructions", "metadata", "max_output_tokens")}
+    echo = {name: body.get(name) for name in ("instructions", "metadata", "max_output_tokens",
+                                              "previous_response_id")}
     echo["text"] = body.get("text") or {"format": {"type": "text"}}
     echo["tools"] = list(body.get("tools") or [])
     echo["tool_choice"] = body.get("tool_choice", "auto")
-    return ResponsesRequest(parsed, echo)
+    return ResponsesRequest(parsed, echo, tuple(items), body.get("store") is not False)
+
+
+def _conversation(body: Mapping[str, Any], previous: Previous
+                  ) -> tuple[list[Any], int] | ApiError:
+    """The conversation's input items (the previous response's, then this request's input) and
+    how many of them are the previous response's."""
+    earlier: Items = []
+    response_id = body.get("previous_response_id")
+    if response_id is not None:
+        found = previous(response_id) if isinstance(response_id, str) else None
+        if found is None:
+            return ApiError(400, f"Previous response with id {response_id!r:.80} not found.",
+                            "previous_response_id", "previous_response_not_found")
+        earlier = found
+    given = body.get("input")
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    if not isinstance(given, list):
+        return ApiError(400, f"input must be a string or a list of items, got {given!r:.80}",
+                        "input")
+    return [*earlier, *given], len(earlier)
 
 
 def responses_error(error: ApiError) -> ApiError:
@@ -106,8 +144,10 @@ def responses_error(error: ApiError) -> ApiError:
     return ApiError(error.status, error.message, param, error.code, error.type)
 
 
-def _chat_body(body: Mapping[str, Any]) -> dict[str, Any] | ApiError:
-    """The chat request's body, or the first field that cannot be read as one."""
+def _chat_body(body: Mapping[str, Any], items: Items, earlier: int
+               ) -> dict[str, Any] | ApiError:
+    """The chat request's body for the conversation ``items`` (the first ``earlier`` of them a
+    stored response's), or the first field that cannot be read as one."""
     chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -115,7 +155,7 @@ def _chat_body(body: Mapping[str, Any]) -> dict[str, Any] | ApiError:
     try:
         system = _instructions(body.get("instructions"))
         param = "input"
-        chat["messages"] = system + _input(body.get("input"))
+        chat["messages"] = system + _messages(items, earlier)
         param = "tools"
         if body.get("tools"):
             chat["tools"] = [_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
@@ -146,12 +186,12 @@ def _instructions(instructions: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": instructions}]
 
 
-def _input(items: Any) -> list[dict[str, Any]]:
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+def _messages(items: Items, earlier: int) -> list[dict[str, Any]]:
+    """Chat messages of ``items``, the first ``earlier`` of them a stored response's."""
     messages: list[dict[str, Any]] = []
-    for i, item in enumerate(_list(items, "input")):
-        _add_item(messages, item, f"input[{i}]")
+    for i, item in enumerate(items):
+        where = f"input[{i - earlier}]" if i >= earlier else f"the previous response's item {i}"
+        _add_item(messages, item, where)
     return messages
 
 

@@ -31,6 +31,7 @@ from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.app import build_app
 from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, Engine
+from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
@@ -63,7 +64,8 @@ class Server:
                  log_level: str = "warning", shutdown_grace_s: int = 2,
                  tool_blocks: bool = True, heal_after_reply: bool = False,
                  guard: float | None = DEFAULT_GUARD,
-                 draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
+                 draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                 max_stored_responses: int = DEFAULT_MAX_RESPONSES) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -77,7 +79,8 @@ class Server:
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
-        self.app = build_app(self.engine, [model_name], self._executor)
+        self.responses = ResponseStore(max_stored_responses)
+        self.app = build_app(self.engine, [model_name], self._executor, self.responses)
         self._log_level, self._grace = log_level, shutdown_grace_s
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
