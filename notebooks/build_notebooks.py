@@ -2,7 +2,8 @@
 
 The notebooks are generated from the cell sources below so they stay reviewable as plain Python
 and carry no outputs; cell ids are fixed (``<stem>-<index>``), so rebuilding gives the same
-bytes. Each notebook imports only ``nexus_mlx`` (plus numpy, matplotlib, json and pathlib), runs
+bytes. Each notebook imports only ``nexus_mlx`` (plus numpy, matplotlib, json and pathlib; the
+repair-budget one also the benchmark harness's Erasing-NIAH cases from ``bench/``), runs
 in under two minutes with ``QUICK = True`` and plots with matplotlib. ``tests/test_notebooks.py``
 executes them headless.
 """
@@ -14,9 +15,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-def setup(imports: str, json_too: bool = True) -> str:
-    """The first code cell: imports (``nexus_mlx`` first), then ``DATA`` and ``QUICK``."""
-    std = "import json\nfrom pathlib import Path" if json_too else "from pathlib import Path"
+def setup(imports: str, std: str = "import json\nfrom pathlib import Path") -> str:
+    """The first code cell: imports (``nexus_mlx`` first, then the standard library's ``std``),
+    then ``DATA`` and ``QUICK``."""
     return (
         "import nexus_mlx  # noqa: I001  (first: on Linux it makes MLX use an optimized BLAS)\n\n"
         f"{std}\n\nimport matplotlib.pyplot as plt\nimport numpy as np\n\n{imports}\n\n"
@@ -129,8 +130,12 @@ A 135M model often ignores the correction and answers the earlier value even wit
 (Dirty then scores EM 1 too); the KL to Re-prefill is the sharper signal at this scale.'''),
     ("code", setup('''from nexus_mlx import forward, load, make_cache
 from nexus_mlx.decode.generate import greedy_continuation
-from nexus_mlx.refresh import dirty, repair, reprefill, shift
-from tasks.niah import NiahSpec, niah_cases, score''', json_too=False) + '''
+from nexus_mlx.refresh import dirty, repair, reprefill, shift''',
+          std="import sys\nfrom pathlib import Path") + '''
+# the Erasing-NIAH cases are the benchmark harness's (bench/tasks/niah.py in this checkout)
+sys.path.insert(0, str(Path(nexus_mlx.__file__).resolve().parents[1] / "bench"))
+from tasks.niah import NiahSpec, niah_cases, score  # noqa: E402
+
 BUDGETS = [1, 2, 5, 10, 20] if QUICK else [1, 2, 5, 10, 20, 40, 80]
 spec = NiahSpec(n_cases=2 if QUICK else 16, lengths=(384,) if QUICK else (1024, 2048))
 model, tokenizer = load("default")
