@@ -329,17 +329,21 @@ def blas_section(d: dict[str, Any]) -> list[str]:
 def engine_section(d: dict[str, Any]) -> list[str]:
     rows = [["prefill", fmt(r.get("tokens")), fmt(r.get("nexus_tok_s"), ".1f"),
              fmt(r.get("mlx_lm_tok_s"), ".1f"), fmt(r.get("ratio"), ".2f"),
-             fmt_ci(r.get("ratio_ci"), ".2f")]
+             fmt_ci(r.get("ratio_ci"), ".2f"), "", ""]
             for r in sort_by(records(d.get("prefill")), "tokens")]
     decodes = records(d.get("decode")) or ([mapping(d, "decode")] if mapping(d, "decode") else [])
     for dec in decodes:  # one row per context (older results: one mapping)
         context = f" after {fmt(dec.get('context'))}" if dec.get("context") is not None else ""
         rows.append([f"decode{context}", fmt(dec.get("tokens")), fmt(dec.get("nexus_tok_s"), ".1f"),
                      fmt(dec.get("mlx_lm_tok_s"), ".1f"), fmt(dec.get("ratio"), ".2f"),
-                     fmt_ci(dec.get("ratio_ci"), ".2f")])
+                     fmt_ci(dec.get("ratio_ci"), ".2f"), fmt(dec.get("full_head_ratio"), ".2f"),
+                     fmt(dec.get("certified_share"), ".2f")])
     head = [f"Max logit difference vs mlx-lm: {fmt(d.get('max_logit_diff'), '.3g')}; greedy "
-            f"decodes identical: {fmt(d.get('greedy_identical'))}.", ""]
-    return head + table(["phase", "tokens", "nexus tok/s", "mlx-lm tok/s", "ratio", "95% CI"], rows)
+            f"decodes identical: {fmt(d.get('greedy_identical'))}. Decode: our greedy loop with "
+            "the certified head (full head: the full projection instead; certified: the share "
+            "of steps the head certified).", ""]
+    return head + table(["phase", "tokens", "nexus tok/s", "mlx-lm tok/s", "ratio", "95% CI",
+                         "full head ratio", "certified"], rows)
 
 
 def slb_section(d: dict[str, Any]) -> list[str]:

@@ -8,7 +8,11 @@ renders the chat template) and return a :class:`Generation` with timings. Sample
 processors are plain callables with mlx-lm's signatures (``sampler(logprobs (1, V)) -> (1,)``,
 ``processor(tokens, logits)``), so ``mlx_lm.sample_utils.make_sampler`` plugs in directly.
 Greedy by default; ``greedy_continuation`` returns the greedy ids as a list (the one greedy
-decode the CLI and the benchmarks share). ``draft_tokens`` > 0 (off by default here) decodes with
+decode the CLI and the benchmarks share). Greedy decoding without processors or drafts picks
+each id with the model's certified head where it has one
+(:mod:`~nexus_mlx.decode.certified_head`: an INT8 scan whose error bound proves the id is the
+full projection's argmax, the full projection where it cannot), so the ids are the same, sooner;
+``certified_head=False`` turns it off. ``draft_tokens`` > 0 (off by default here) decodes with
 copy drafts (:mod:`~nexus_mlx.decode.lookahead`): the same ids, fewer passes where the output
 copies its context.
 
@@ -25,10 +29,18 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
+from nexus_mlx.decode.certified_head import CertifiedHead
 from nexus_mlx.decode.lookahead import Lookahead
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.arch import model_plan
-from nexus_mlx.models.forward import decode_step, forward, forward_tail, make_cache
+from nexus_mlx.models.forward import (
+    decode_step,
+    forward,
+    forward_last_hidden,
+    forward_tail,
+    lm_head,
+    make_cache,
+)
 from nexus_mlx.models.tokenizer import chat_ids, eos_token_ids
 
 Sampler = Callable[[mx.array], mx.array]
@@ -48,6 +60,17 @@ class GenerationStats:
     decode_s: float = 0.0  # first token -> last token
     drafted_tokens: int = 0  # copy drafts forwarded (``draft_tokens`` > 0)
     accepted_tokens: int = 0  # of them, the ids sampled
+    certified_tokens: int = 0  # ids the certified head picked without the full projection
+
+    def tick(self, count: int, start: float, first: float) -> float:
+        """Record the ``count``-th id (time since ``start`` for the first; the decode time
+        since the first id, ``first``, after it) and return when the first id came."""
+        now = time.perf_counter()
+        if count == 1:
+            self.ttft_s, first = now - start, now
+        self.generated_tokens = count
+        self.decode_s = now - first
+        return first
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -97,6 +120,7 @@ def generate_tokens(
     logits_processors: Sequence[LogitsProcessor] = (),
     stats: GenerationStats | None = None,
     draft_tokens: int = 0,
+    certified_head: bool = True,
 ) -> Iterator[int]:
     """Prefill ``prompt_tokens`` into ``cache`` and yield up to ``max_tokens`` sampled ids.
 
@@ -108,7 +132,9 @@ def generate_tokens(
     Processors read the token history on the host, so with them every step is sequential.
     ``draft_tokens`` > 0 drafts up to that many ids per pass where the output copies its
     context (:mod:`~nexus_mlx.decode.lookahead`: the same ids, fewer passes where a copy is
-    under way; a sequential loop, no pipelining)."""
+    under way; a sequential loop, no pipelining). Greedy decoding otherwise goes through the
+    model's certified head when it has one and ``certified_head`` is on (module docstring; a
+    sequential loop too, the scan running on the host)."""
     sampler = sampler or greedy
     eos = eos_token_ids or set()
     stats = stats if stats is not None else GenerationStats()
@@ -118,6 +144,10 @@ def generate_tokens(
     if draft_tokens or logits_processors:
         yield from _stepwise(model, cache, history, sampler, logits_processors, max_tokens, eos,
                              stats, start, draft_tokens)
+        return
+    head = CertifiedHead.of(model) if certified_head and sampler is greedy else None
+    if head is not None:
+        yield from _certified_greedy(model, cache, history, head, max_tokens, eos, stats, start)
         return
     logits = forward(model, history, cache, logits="last")
     token = _sample(logits, history, sampler, logits_processors)
@@ -132,11 +162,7 @@ def generate_tokens(
                 mx.async_eval(nxt)
                 pending = True
             tok = _read(token)
-            if count == 1:
-                stats.ttft_s = time.perf_counter() - start
-                first = time.perf_counter()
-            stats.generated_tokens = count
-            stats.decode_s = time.perf_counter() - first
+            first = stats.tick(count, start, first)
             if pending:
                 cache.record_tokens([cache.n_past - 1], [tok])
             yield tok
@@ -147,6 +173,35 @@ def generate_tokens(
     finally:
         if pending:  # the step of the last token must not stay in the cache
             cache.trim(cache.n_past - 1)
+
+
+def _certified_greedy(
+    model: nn.Module,
+    cache: NexusCache,
+    history: list[int],
+    head: CertifiedHead,
+    max_tokens: int,
+    eos: set[int],
+    stats: GenerationStats,
+    start: float,
+) -> Iterator[int]:
+    """The greedy loop over the certified head: each id from the scan where its bound
+    certifies it, else the argmax of the full projection."""
+    hidden = forward_last_hidden(model, history, cache)
+    first = 0.0
+    for count in range(1, max_tokens + 1):
+        top = head.top(hidden)
+        if top is not None:
+            tok = int(top.ids[0])
+            stats.certified_tokens += 1
+        else:
+            tok = _read(greedy(lm_head(model, hidden)[:, -1, :]))
+        first = stats.tick(count, start, first)
+        yield tok
+        if tok in eos or count == max_tokens:
+            return
+        history.append(tok)
+        hidden = forward_last_hidden(model, [tok], cache)
 
 
 def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int) -> Lookahead:
@@ -180,11 +235,7 @@ def _stepwise(
         first = 0.0
         for count in range(1, max_tokens + 1):
             tok = _read(_sample(logits[None, None], history, sampler, processors))
-            if count == 1:
-                stats.ttft_s = time.perf_counter() - start
-                first = time.perf_counter()
-            stats.generated_tokens = count
-            stats.decode_s = time.perf_counter() - first
+            first = stats.tick(count, start, first)
             yield tok
             if tok in eos or count == max_tokens:
                 return

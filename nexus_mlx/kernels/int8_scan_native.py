@@ -43,6 +43,13 @@ def padded_width(dim: int) -> int:
     return -(-int(dim) // ALIGN) * ALIGN
 
 
+def aligned_rows(n: int, width: int) -> np.ndarray:
+    """A zeroed, C-contiguous ``(n, width)`` int8 array whose data starts on a 64-byte line."""
+    raw = np.zeros((n * width + ALIGN,), np.int8)
+    offset = (-raw.ctypes.data) % ALIGN
+    return raw[offset : offset + n * width].reshape(n, width)
+
+
 @dataclass(frozen=True)
 class NativeStatus:
     """Outcome of loading the native scan: ``loaded``, the library ``path``, the ``isas`` this

@@ -17,7 +17,9 @@ see; RoPE tables are built once per run, masks at most once per run and window, 
 (see :mod:`~nexus_mlx.models.attention` for the attention paths; on the CPU in float32 the
 native attention kernels evaluate each layer's queries and keys, and the native SwiGLU its
 gate and up products past a few thousand elements; elsewhere the call stays lazy).
-``decode_step`` appends one token given as a lazy array (a pipelined decode loop).
+``decode_step`` appends one token given as a lazy array (a pipelined decode loop);
+``forward_last_hidden`` returns the last token's hidden state for a caller that applies the head
+itself (``head_weight``, ``softcap``; :mod:`nexus_mlx.decode.certified_head`).
 
 ``forward_hidden`` stops after any number of layers (shallow passes for repair allocators)
 and an optional ``probe(layer, probs)`` observes every layer's attention probabilities (which
@@ -248,9 +250,20 @@ def lm_head(model: nn.Module, h: mx.array) -> mx.array:
     plan = model_plan(model)
     h = model.model.norm(h)
     logits = model.model.embed_tokens.as_linear(h) if plan.tied_embeddings else model.lm_head(h)
-    if plan.final_softcap is not None:
-        logits = mx.tanh(logits / plan.final_softcap) * plan.final_softcap
-    return logits
+    return softcap(model, logits)
+
+
+def softcap(model: nn.Module, logits: mx.array) -> mx.array:
+    """The architecture's logit soft-cap (Gemma 2: ``tanh(l / c) * c``; others: as is)."""
+    cap = model_plan(model).final_softcap
+    return logits if cap is None else mx.tanh(logits / cap) * cap
+
+
+def head_weight(model: nn.Module) -> mx.array | None:
+    """The output projection's ``(vocab, hidden)`` weight (the embedding when tied), or None
+    when it is quantized (its logits are not one matrix product)."""
+    layer = model.model.embed_tokens if model_plan(model).tied_embeddings else model.lm_head
+    return None if hasattr(layer, "scales") else layer.weight
 
 
 def _check_positions(plan: ModelPlan, positions: np.ndarray, n_tokens: int) -> None:
@@ -428,11 +441,18 @@ def forward_tail(model: nn.Module, tokens: TokenInput, cache: NexusCache, tail: 
     n = len(tokens)
     if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= n:
         raise TokenError(f"tail must be an integer in [1, {n}], got {tail!r}")
-    h = forward_hidden(model, tokens, cache) if tail > 1 else _run(
-        model, tokens, cache, None, None, None, None, PREFILL_CHUNK, True, True, None)
+    h = forward_hidden(model, tokens, cache) if tail > 1 else forward_last_hidden(
+        model, tokens, cache)
     logits = lm_head(model, h[:, -tail:])[0]
     mx.eval(logits)
     return logits
+
+
+def forward_last_hidden(model: nn.Module, tokens: TokenInput, cache: NexusCache) -> mx.array:
+    """Append ``tokens`` at the cursor like :func:`forward` and return the last one's hidden
+    state ``(1, 1, hidden)`` before the final norm (lazy): :func:`lm_head` of it is
+    ``forward(..., logits="last")``."""
+    return _run(model, tokens, cache, None, None, None, None, PREFILL_CHUNK, True, True, None)
 
 
 def decode_step(model: nn.Module, token: mx.array, cache: NexusCache) -> mx.array:

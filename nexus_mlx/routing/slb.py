@@ -35,7 +35,7 @@ import numpy as np
 
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kernels import int8_scan as scan_kernels
-from nexus_mlx.kernels.int8_scan import ALIGN, MAX_DIM, BoundScan
+from nexus_mlx.kernels.int8_scan import MAX_DIM, BoundScan, aligned_rows
 from nexus_mlx.routing.slb_file import SlbContents, read_slb, write_slb
 from nexus_mlx.tools.registry import ToolRegistry
 
@@ -46,13 +46,6 @@ class TextEmbedder(Protocol):
     """What :meth:`SemanticLookasideBuffer.from_registry` needs from an embedder."""
 
     def embed(self, texts: Sequence[str], *, kind: Literal["document", "query"] = ...) -> Any: ...
-
-
-def _aligned_rows(n: int, width: int) -> np.ndarray:
-    """A zeroed, C-contiguous ``(n, width)`` int8 array whose data starts on a 64-byte line."""
-    raw = np.zeros((n * width + ALIGN,), np.int8)
-    offset = (-raw.ctypes.data) % ALIGN
-    return raw[offset : offset + n * width].reshape(n, width)
 
 
 def recall_at_k(found: Sequence[np.ndarray], exact: Sequence[np.ndarray]) -> float:
@@ -92,7 +85,7 @@ class SemanticLookasideBuffer:
         self.tools_digest = tools_digest
         self._names: list[str] = []
         self._rows: dict[str, int] = {}
-        self._codes = _aligned_rows(0, self._width)  # (N, W) int8, zero padding
+        self._codes = aligned_rows(0, self._width)  # (N, W) int8, zero padding
         self._scales = np.zeros((0,), np.float32)  # (N,)
         self._sums = np.zeros((0,), np.int32)  # (N,)
         self._vectors: np.ndarray | None = (
@@ -179,7 +172,7 @@ class SemanticLookasideBuffer:
         vecs = self._check_vectors(vectors, len(new_names))
         codes, scales = scan_kernels.quantize_rows(vecs)  # (M, D), (M,)
         n, m = len(self), len(new_names)
-        rows = _aligned_rows(n + m, self._width)
+        rows = aligned_rows(n + m, self._width)
         rows[:n] = self._codes
         rows[n:, : self._dim] = codes
         sums = rows[n:].sum(axis=1, dtype=np.int32)
@@ -199,7 +192,7 @@ class SemanticLookasideBuffer:
             raise ArgumentError(f"cannot remove tools not in the buffer: {unknown[:10]}")
         keep = np.ones((len(self),), bool)
         keep[np.array([self._rows[n] for n in gone], dtype=np.int64)] = False
-        rows = _aligned_rows(int(keep.sum()), self._width)
+        rows = aligned_rows(int(keep.sum()), self._width)
         rows[...] = self._codes[keep]
         self._commit(
             rows,
@@ -413,7 +406,7 @@ class SemanticLookasideBuffer:
         n, d = len(contents.names), contents.dim
         slb = cls(d, contents.embedder_id, keep_float=contents.vectors is not None,
                   tools_digest=contents.tools_digest)
-        rows = _aligned_rows(n, slb._width)
+        rows = aligned_rows(n, slb._width)
         rows[:, :d] = contents.codes
         slb._commit(rows, contents.scales, rows.sum(axis=1, dtype=np.int32), contents.vectors,
                     list(contents.names))

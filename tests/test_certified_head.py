@@ -1,0 +1,134 @@
+"""The certified head: its bound holds on every row, a certified top is the full projection's,
+near ties are refused rather than guessed, and greedy decoding through it gives the same ids as
+the full projection (the default model, and tiny random llamas whose logits are close)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes as model_classes
+
+from nexus_mlx.decode.certified_head import MIN_VOCAB, CertifiedHead
+from nexus_mlx.decode.generate import GenerationStats, generate_tokens
+from nexus_mlx.kernels.int8_scan import native_scan
+from nexus_mlx.models.forward import forward_hidden, lm_head, make_cache
+
+pytestmark = pytest.mark.skipif(native_scan() is None, reason="no native INT8 scan here")
+
+
+def tiny_llama(vocab: int = 8192, hidden: int = 64, tied: bool = False, seed: int = 0):
+    config = {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 2,
+              "intermediate_size": 2 * hidden, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": vocab,
+              "rope_theta": 10000.0, "tie_word_embeddings": tied}
+    model_cls, args_cls = model_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    norms = [(k, 1.0 + 0.5 * mx.random.normal(v.shape))
+             for k, v in tree_flatten(model.parameters()) if "norm" in k]
+    model.load_weights(norms, strict=False)
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def _hidden_states(model, n: int, seed: int) -> mx.array:
+    """``(1, n, hidden)`` last-layer states of n random tokens (before the final norm)."""
+    ids = np.random.default_rng(seed).integers(0, model.args.vocab_size, n)
+    return forward_hidden(model, ids.tolist(), make_cache(model))
+
+
+def _set_head(model, weight: np.ndarray) -> None:
+    model.lm_head.weight = mx.array(weight)
+    mx.eval(model.lm_head.weight)
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_the_bound_is_above_every_rows_logit(outliers):
+    # a head with a few huge columns and hidden states with a few huge dims: the INT8 codes of
+    # both are then coarse, which is where a loose derivation would fail
+    model = tiny_llama()
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((MIN_VOCAB * 2, 64)).astype(np.float32) * 0.05
+    if outliers:
+        weight[:, :3] *= 40
+        model.model.norm.weight = mx.array(np.where(np.arange(64) < 2, 60.0, 1.0), mx.float32)
+    _set_head(model, weight)
+    head = CertifiedHead.of(model)
+    states = _hidden_states(model, 24, seed=2)
+    for t in range(states.shape[1]):
+        normed = model.model.norm(states[:, t : t + 1])
+        x = np.asarray(normed.astype(mx.float32)).reshape(-1)
+        exact = weight.astype(np.float64) @ x.astype(np.float64)
+        assert np.all(head._upper_bounds(x) >= exact), t
+
+
+def test_a_certified_top_is_the_full_projections():
+    model = tiny_llama(seed=3)
+    head = CertifiedHead.of(model)
+    states = _hidden_states(model, 48, seed=4)
+    for t in range(states.shape[1]):
+        hidden = states[:, t : t + 1]
+        top = head.top(hidden, n=2)
+        if top is None:
+            continue
+        full = np.asarray(lm_head(model, hidden)[0, 0])
+        assert list(top.ids) == list(np.argsort(-full)[:2])
+        np.testing.assert_allclose(top.logits, full[top.ids], atol=1e-4)
+    assert head.stats.certified + head.stats.refused == states.shape[1]
+
+
+def test_a_tie_is_refused_not_guessed():
+    model = tiny_llama()
+    weight = np.random.default_rng(5).standard_normal((MIN_VOCAB, 64)).astype(np.float32)
+    weight[7] = weight[3] = 4 * np.abs(weight[3])  # two equal rows: every logit ties
+    _set_head(model, weight)
+    head = CertifiedHead.of(model)
+    hidden = mx.array(np.abs(np.random.default_rng(6).standard_normal((1, 1, 64))), mx.float32)
+    model.model.norm.weight = mx.ones((64,))  # the normed state stays positive: rows 3/7 lead
+    assert head.top(hidden) is None and head.stats.refused == 1
+
+
+def test_where_a_head_is_not_built():
+    small = tiny_llama(vocab=MIN_VOCAB - 1)
+    assert CertifiedHead.of(small) is None
+    half = tiny_llama()
+    half.lm_head.weight = half.lm_head.weight.astype(mx.bfloat16)
+    assert CertifiedHead.of(half) is None  # its full projection rounds in bfloat16
+    model = tiny_llama()
+    first = CertifiedHead.of(model)
+    assert CertifiedHead.of(model) is first  # built once
+    _set_head(model, np.asarray(model.lm_head.weight) * 2)
+    assert CertifiedHead.of(model) is not first  # its weight was replaced
+    tied = tiny_llama(tied=True)
+    assert CertifiedHead.of(tied).weight.shape == tuple(tied.model.embed_tokens.weight.shape)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_greedy_ids_are_the_full_projections_on_a_random_model(seed):
+    # random weights make close logits: the head refuses many steps, and must never pick wrong
+    model = tiny_llama(seed=seed)
+    prompt = np.random.default_rng(seed).integers(0, 8192, 12).tolist()
+    stats = GenerationStats()
+    fast = list(generate_tokens(model, prompt, make_cache(model), max_tokens=24, stats=stats))
+    full = list(generate_tokens(model, prompt, make_cache(model), max_tokens=24,
+                                certified_head=False))
+    assert fast == full
+    assert stats.certified_tokens <= stats.generated_tokens == 24
+
+
+def test_greedy_ids_are_the_full_projections_on_the_default_model(default_model):
+    model, tokenizer = default_model
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three prime numbers and say why they are prime."}],
+        add_generation_prompt=True)
+    stats = GenerationStats()
+    cache = make_cache(model)
+    fast = list(generate_tokens(model, prompt, cache, max_tokens=40, stats=stats))
+    full_cache = make_cache(model)
+    full = list(generate_tokens(model, prompt, full_cache, max_tokens=40, certified_head=False))
+    assert fast == full
+    assert stats.certified_tokens >= 30  # a real model's next id is mostly clear
+    assert cache.n_past == full_cache.n_past == len(prompt) + len(fast) - 1
