@@ -132,3 +132,43 @@ def test_greedy_ids_are_the_full_projections_on_the_default_model(default_model)
     assert fast == full
     assert stats.certified_tokens >= 30  # a real model's next id is mostly clear
     assert cache.n_past == full_cache.n_past == len(prompt) + len(fast) - 1
+
+
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_current_time", "description": "The current time in an IANA timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"},
+                                                    "format": {"type": "string"}},
+                   "required": ["timezone"]}}}
+NOTES = [{"role": "system", "content": "You are a helpful assistant."},
+         {"role": "user", "content": "Here is a note about rivers. " * 20},
+         {"role": "user", "content": "And one about mountains. " * 20}]
+
+
+def _turns(session):
+    """A free-text answer, the same after a repaired deletion (stale rows: the guard's
+    margin), a forced call (schema-constrained, with an optional member), a JSON reply under a
+    response_format."""
+    ask = [{"role": "user", "content": "What time is it in Tokyo? Then name a river."}]
+    shaped = {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    return [
+        session.generate([*NOTES, *ask], max_tokens=24),
+        session.generate([*NOTES[:1], *NOTES[2:], *ask], max_tokens=24),
+        session.generate(ask, [TIME_TOOL], tool_choice="required", max_tokens=40),
+        session.generate(ask, response_format=shaped, max_tokens=24),
+    ]
+
+
+def test_session_replies_are_the_full_projections(default_model):
+    from nexus_mlx.agent.session import Session
+
+    model, tokenizer = default_model
+    head = CertifiedHead.of(model)
+    before = head.stats.certified
+    # a narrow guard: the repaired turn decodes over stale rows (a wide one heals them first)
+    fast = _turns(Session(model, tokenizer, guard=0.05))
+    full = _turns(Session(model, tokenizer, guard=0.05, certified_head=False))
+    assert [r.tokens for r in fast] == [r.tokens for r in full]
+    assert [r.guarded for r in fast] == [r.guarded for r in full]
+    assert fast[1].report.path == "repair" and fast[1].report.stale and fast[2].tool_calls
+    assert head.stats.certified - before > sum(len(r.tokens) for r in fast) // 2

@@ -1,9 +1,12 @@
 """Row-level edits of a session's live cache: moves, one packed compute pass, inexact rows,
 healing, and spliced tool blocks.
 
-Contract: ``CacheEditor(model, tokenizer, allocator)`` owns a
+Contract: ``CacheEditor(model, tokenizer, allocator, certified_head=True)`` owns a
 :class:`~nexus_mlx.kv.cache.NexusCache` whose row ``r`` always holds position ``r``, the logits
-after its last row, and one *inexact* flag per row: a row is inexact when its K/V were computed
+after its last row (``logits``; ``next_row``: the same as a
+:class:`~nexus_mlx.decode.certified_head.HeadRow` after a decoded token, when the model has a
+certified head and ``certified_head`` is on, so the decoder may pick a greedy id without the
+full projection), and one *inexact* flag per row: a row is inexact when its K/V were computed
 in another context (moved by :meth:`move`, or placed from a compiled tool block) or on top of an
 inexact row (computed after one that was not recomputed in the same pass). Exact rows equal a
 fresh prefill's; healing every inexact row in one pass makes the whole cache exact.
@@ -21,7 +24,9 @@ fresh prefill's; healing every inexact row in one pass makes the whole cache exa
   forward pass: all advance through each layer together, in position order, in chunks of
   :data:`PREFILL_CHUNK`, fresh K/V written before attention. Afterwards blocks are cut for
   ``tools`` whose span was computed exactly. Returns a :class:`Fill`.
-- ``advance(token)``: append one decoded token's row (inexact when any row before it is).
+- ``advance(token)``: append one decoded token's row (inexact when any row before it is);
+  ``advance_many(tokens, tail)``: several (a token and its drafts), returning the ``tail`` last
+  rows' next-token rows (logits, or head rows as above).
 - ``heal(max_rows)``: recompute the first ``max_rows`` (default all) inexact rows and the last
   row in one pass.
 
@@ -40,9 +45,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx.decode.certified_head import CertifiedHead, HeadRow, full_logits
 from nexus_mlx.kv.regather import regather
 from nexus_mlx.kv.rope import reanchor
-from nexus_mlx.models.forward import forward, forward_tail, make_cache
+from nexus_mlx.models.forward import forward, forward_hidden, forward_tail, make_cache
 from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens
 from nexus_mlx.refresh.edit import Edit
@@ -65,11 +71,22 @@ class Fill:
 class CacheEditor:
     """See the module docstring."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, allocator: str) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, allocator: str,
+                 certified_head: bool = True) -> None:
         self.model, self.tokenizer, self.allocator = model, tokenizer, allocator
+        self.certified_head = certified_head
         self.cache = make_cache(model)
-        self.logits: mx.array | None = None  # (V,) after the last row
+        self.next_row: HeadRow | mx.array | None = None  # the next token's row (see above)
         self._inexact = np.zeros(0, bool)  # per row; rows past its end are exact
+
+    @property
+    def logits(self) -> mx.array | None:
+        """The next token's logits ``(V,)`` (the full projection of :attr:`next_row`)."""
+        return None if self.next_row is None else full_logits(self.next_row)
+
+    @logits.setter
+    def logits(self, value: HeadRow | mx.array | None) -> None:
+        self.next_row = value
 
     # ---- state --------------------------------------------------------------------------
     def flags(self) -> np.ndarray:
@@ -85,13 +102,13 @@ class CacheEditor:
     def inexact_rows(self) -> np.ndarray:
         return np.flatnonzero(self.flags())
 
-    def state(self) -> tuple[np.ndarray, mx.array | None]:
+    def state(self) -> tuple[np.ndarray, HeadRow | mx.array | None]:
         """What besides the cache rows a failed edit must put back."""
-        return self.flags(), self.logits
+        return self.flags(), self.next_row
 
-    def restore_state(self, state: tuple[np.ndarray, mx.array | None]) -> None:
+    def restore_state(self, state: tuple[np.ndarray, HeadRow | mx.array | None]) -> None:
         self.set_flags(state[0])
-        self.logits = state[1]
+        self.next_row = state[1]
 
     # ---- structure ----------------------------------------------------------------------
     def trim(self, keep: int) -> None:
@@ -155,16 +172,24 @@ class CacheEditor:
         """Append the row of one decoded ``token``; returns the next token's logits ``(V,)``.
         The row is inexact when any row before it is (it attended to them). On failure the
         cache and logits are as they were."""
-        return self.advance_many([token], 1)[0]
+        return full_logits(self.advance_many([token], 1)[0])
 
-    def advance_many(self, tokens: Sequence[int], tail: int) -> mx.array:
+    def advance_many(self, tokens: Sequence[int], tail: int) -> Sequence[HeadRow | mx.array]:
         """Append the rows of ``tokens`` (a decoded token and drafts after it,
-        :mod:`~nexus_mlx.decode.lookahead`); returns the logits ``(tail, V)`` of the last
-        ``tail`` of them, the last as :attr:`logits`. Rows are flagged as :meth:`advance`
-        flags one; on failure the cache and logits are as they were."""
+        :mod:`~nexus_mlx.decode.lookahead`); returns the next-token rows of the last ``tail``
+        of them (logits ``(V,)``, or head rows where the model has a certified head), the last
+        as :attr:`next_row`. Rows are flagged as :meth:`advance` flags one; on failure the
+        cache and logits are as they were."""
         keep, on_inexact = self.cache.n_past, bool(self._inexact.any())
+        head = CertifiedHead.of(self.model) if self.certified_head else None
         try:
-            logits = forward_tail(self.model, list(tokens), self.cache, tail)
+            if head is None:
+                logits = forward_tail(self.model, list(tokens), self.cache, tail)
+                rows: Sequence[HeadRow | mx.array] = [logits[i] for i in range(tail)]
+            else:
+                hidden = forward_hidden(self.model, list(tokens), self.cache)[:, -tail:]
+                mx.eval(hidden)
+                rows = [HeadRow(head, hidden[:, i : i + 1]) for i in range(tail)]
         except BaseException:
             self.cache.trim(min(keep, self.cache.n_past))
             raise
@@ -172,13 +197,13 @@ class CacheEditor:
             flags = self.flags()
             flags[keep:] = True
             self.set_flags(flags)
-        self.logits = logits[-1]
-        return logits
+        self.next_row = rows[-1]
+        return rows
 
-    def drop(self, n: int, logits: mx.array) -> None:
-        """Remove the last ``n`` rows; ``logits`` are those of the row then last."""
+    def drop(self, n: int, row: HeadRow | mx.array) -> None:
+        """Remove the last ``n`` rows; ``row`` is the next-token row of the row then last."""
         self.trim(self.cache.n_past - n)
-        self.logits = logits
+        self.next_row = row
 
     def heal_rows(self, max_rows: int | None = None) -> np.ndarray:
         """The rows :meth:`heal` recomputes: the first ``max_rows`` inexact rows and the last

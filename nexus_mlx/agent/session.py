@@ -37,10 +37,12 @@ deleted, the path and why, seconds per stage; with ``debug=True`` also the next-
 top-1 agreement against a fresh prefill of the same ids). ``generate(messages, tools)`` steps,
 then decodes from the live cache (:mod:`~nexus_mlx.agent.session_decode`: where the reply copies
 the conversation, ``draft_tokens`` ids are drafted and verified per pass, the same reply sooner;
-0 turns it off); the reply's tokens stay cached, so the next request that carries the reply back
-is an append. Under policy ``exact`` every step's logits equal a fresh
-prefill's (fp32 rounding); under ``repair`` the reused block keeps the stale-context residual
-that its recomputed rows reduce.
+0 turns it off; a greedy id is picked by the model's certified head where it can prove it,
+:mod:`~nexus_mlx.decode.certified_head`, without the full output projection, the same reply
+sooner; ``certified_head=False`` turns it off); the reply's tokens stay cached, so the next
+request that carries the reply back is an append. Under policy ``exact`` every step's logits
+equal a fresh prefill's (fp32 rounding); under ``repair`` the reused block keeps the
+stale-context residual that its recomputed rows reduce.
 
 Failure: a request that cannot be rendered, is empty, or would pass the model's context raises
 (:class:`ArgumentError`) before the cache is touched; an error during the cache operations
@@ -136,6 +138,7 @@ class Session:
         blocks: ToolBlocks | None = None,
         guard: float | None = DEFAULT_GUARD,
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        certified_head: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ArgumentError(f"policy {policy!r} is not one of {POLICIES}")
@@ -158,7 +161,8 @@ class Session:
         if blocks is not None:
             blocks.check_model(model)
         self.blocks = blocks  # compiled tool definitions shared with other sessions, if any
-        self.editor = CacheEditor(model, tokenizer, allocator)
+        self.certified_head = bool(certified_head)  # greedy ids without the full head
+        self.editor = CacheEditor(model, tokenizer, allocator, self.certified_head)
         self.lock = threading.RLock()
         self.eos_token_ids = set(eos_token_ids(tokenizer))
         self.native_tools = renders_tools(tokenizer)
@@ -188,7 +192,8 @@ class Session:
 
     def reset(self) -> None:
         with self.lock:
-            self.editor = CacheEditor(self.model, self.tokenizer, self.allocator)
+            self.editor = CacheEditor(self.model, self.tokenizer, self.allocator,
+                                      self.certified_head)
 
     def copy_prefix(self, source: Session, rows: int) -> None:
         """Hold a copy of ``source``'s first ``rows`` rows (K/V, ids, stale flags; the same

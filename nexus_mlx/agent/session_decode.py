@@ -4,7 +4,11 @@ Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, p
 on_token, start, score=None)`` decodes from the session's live cache, after a step, one token
 at a time under the turn's ``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from
-exact logits), then the sampler and the constraint's restraint. It stops at an end-of-turn id (``"stop"``, the id
+exact logits), then the sampler and the constraint's restraint. A greedy step that needs no
+logits beyond the best id (no processors, no ``score``, no restraint to weigh) takes the id
+from the session's certified head when it proves it (:mod:`~nexus_mlx.decode.certified_head`:
+the best allowed id, ahead of every other by the guard's margin where rows are stale, so no
+close call is missed) and projects in full only when it cannot: the same ids. It stops at an end-of-turn id (``"stop"``, the id
 returned last), a ``stop`` string in the decoded text (``"stop_string"``; with ``calls``, the
 reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
 model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
@@ -31,7 +35,8 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.decode.call_format import cut_at_stop
-from nexus_mlx.decode.generate import LogitsProcessor
+from nexus_mlx.decode.certified_head import HeadRow, full_logits
+from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
 from nexus_mlx.decode.name_fsm import mask_logits
 
@@ -62,20 +67,25 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             on_token: Callable[[int, str], None] | None, start: float,
             score: Callable[[mx.array, int], None] | None
             ) -> tuple[list[int], str, float, int]:
-    logits = session.next_token_logits()
+    session.next_token_logits()  # raises when the session holds nothing yet
+    nxt: Any = session.editor.next_row  # the next id's row (logits, or a certified head's)
     out: list[int] = []
     ttft, guarded = 0.0, 0
+    proven = sample is greedy and not processors and score is None
     while True:
-        row = _masked_row(logits, out, constraint, processors)
-        if session.close_call(row):  # decide this close call on exact logits
-            lookahead.close()
-            guarded += session.heal()
-            logits = session.next_token_logits()
-            continue
-        logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
-        token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
-        if constraint is not None:
-            token = constraint.restrain(token, row[0])
+        token = _proven_best(session, nxt, constraint) if proven else None
+        row = None
+        if token is None:
+            row = _masked_row(full_logits(nxt), out, constraint, processors)
+            if session.close_call(row):  # decide this close call on exact logits
+                lookahead.close()
+                guarded += session.heal()
+                nxt = session.editor.next_row
+                continue
+            logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
+            token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
+            if constraint is not None:
+                token = constraint.restrain(token, row[0])
         if not out:
             ttft = time.perf_counter() - start
         out.append(token)
@@ -83,7 +93,7 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             constraint.accept(token)
         if token in session.eos_token_ids:
             return out, "stop", ttft, guarded
-        if score is not None:
+        if score is not None and row is not None:  # with a score, every row is projected
             score(row[0], token)
         if on_token is not None or stop:
             text = session.tokenizer.decode(out)
@@ -94,7 +104,20 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
         held = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
         if len(out) >= max_tokens or held + 1 >= session.max_positions:
             return out, "length", ttft, guarded
-        logits = lookahead.feed([token])
+        nxt = lookahead.feed([token])
+
+
+def _proven_best(session: Session, nxt: Any, constraint: Any) -> int | None:
+    """The certified head's greedy id for this step, or None (no head row, a restraint to
+    weigh, or nothing certified): margin as wide as the guard's where rows are stale, so a
+    certified id is never a close call."""
+    if not isinstance(nxt, HeadRow):
+        return None
+    if constraint is not None and constraint.weighs_logits():
+        return None  # the restraint compares this step's member logits
+    mask = constraint.allowed() if constraint is not None else None
+    stale = session.guard is not None and session.editor.inexact_rows().size > 0
+    return nxt.best(mask, session.guard if stale else None)
 
 
 def _masked_row(logits: mx.array, out: list[int], constraint: Any,

@@ -5,13 +5,17 @@ Contract: ``CertifiedHead.of(model)`` is the model's certified head, built once 
 rebuilt if its head weight is replaced), or None where it cannot help: the native INT8 scan is
 unavailable, the default device is not the CPU, the head weight is not a float32 matrix
 (quantized, or computed in half precision, whose full projection rounds differently), or the
-vocabulary is under :data:`MIN_VOCAB`. ``top(hidden, n=1)`` takes the last layer's hidden state
-of one position (``(1, 1, hidden)``, before the final norm) and returns a :class:`Top`: the
-``n`` most likely ids, best first, with their logits (float32, soft-capped as the model's head
-does), or None when it cannot certify them; the caller then computes the full logits
+vocabulary is under :data:`MIN_VOCAB`. ``top(hidden, n=1, allowed=None, margin=None)`` takes
+the last layer's hidden state of one position (``(1, 1, hidden)``, before the final norm) and
+returns a :class:`Top`: the ``n`` most likely ids (among the ``allowed`` ones, a constrained
+step's mask), best first, with their logits (float32, soft-capped as the model's head does), or
+None when it cannot certify them; the caller then computes the full logits
 (:func:`~nexus_mlx.models.forward.lm_head`). A certified top is the one the full float32
 projection gives: no other id's logit is within ``margin`` of the n-th best, and the n best are
-``margin`` apart, so rounding (orders of magnitude below ``margin``) cannot reorder them.
+``margin`` apart, so rounding (orders of magnitude below the default :data:`MARGIN`) cannot
+reorder them; a caller may ask for a wider margin (the session's close-call guard does).
+:class:`HeadRow` holds one position's hidden state and gives its certified best id, or its full
+logits only when asked (the session's decode loop; :func:`full_logits` reads either kind).
 
 How: the head's ``(V, D)`` weight is quantized once, per row, as the semantic lookaside
 buffer's vectors are (:func:`~nexus_mlx.kernels.int8_scan.quantize_rows`: ``W[r] = s_r (c_r +
@@ -40,7 +44,7 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.kernels.int8_scan import aligned_rows, native_scan, padded_width, quantize_rows
-from nexus_mlx.models.forward import head_weight, softcap
+from nexus_mlx.models.forward import head_weight, lm_head, softcap
 
 MIN_VOCAB = 4096  # below it the full projection is cheap: the scan would not pay for itself
 DEFAULT_CANDIDATES = 256  # the scan's cost barely depends on it; the exact logits are k dots
@@ -99,19 +103,25 @@ class CertifiedHead:
                 object.__setattr__(model, _HEAD_ATTR, head)
             return head
 
-    def top(self, hidden: mx.array, n: int = 1) -> Top | None:
-        """The ``n`` best ids after ``hidden`` and their logits, certified; None if not."""
+    def top(self, hidden: mx.array, n: int = 1, allowed: np.ndarray | None = None,
+            margin: float | None = None) -> Top | None:
+        """The ``n`` best ids after ``hidden`` and their logits, certified; None if not.
+        ``allowed`` (a ``(V,)`` bool mask): the best among those ids (a constrained step);
+        ``margin``: a wider one than the head's (what a caller needs the best to clear)."""
+        margin = self.margin if margin is None else max(self.margin, float(margin))
         normed = self.model.model.norm(hidden.reshape(1, 1, self.dim))
         x = np.asarray(normed.astype(mx.float32)).reshape(self.dim)
         upper = self._upper_bounds(x)
         split = upper.size - self.candidates
         order = np.argpartition(upper, split - 1)
         ids, beyond = order[split:], float(upper[order[split - 1]])  # the rest are <= beyond
+        if allowed is not None:
+            ids = ids[allowed[ids]]
         exact = self.weight[ids] @ x  # (k,) float32
         ranked = np.argsort(-exact, kind="stable")[: n + 1]
         best = exact[ranked]
-        certified = float(best[n - 1]) > beyond + ROUNDING_SLACK * abs(beyond) + self.margin \
-            and bool(np.all(-np.diff(best) >= self.margin))
+        certified = best.size >= n and float(best[n - 1]) > beyond + ROUNDING_SLACK * abs(
+            beyond) + margin and bool(np.all(-np.diff(best) >= margin))
         if not certified:
             self.stats.refused += 1
             return None
@@ -127,3 +137,30 @@ class CertifiedHead:
         scaled = self._scales * np.float32(qscale)
         bound = scaled * np.float32(q_half_l1) + np.float32(qscale) * self._half_l1
         return dots.astype(np.float32) * scaled + bound * np.float32(1 + BOUND_SLACK)
+
+
+class HeadRow:
+    """One position's next-token logits, computed only when asked: ``logits`` (``(V,)``, the
+    full projection, evaluated on first use and kept) or ``best(allowed, margin)`` (the
+    certified best id, or None: then read ``logits``). ``hidden`` is the position's last-layer
+    state ``(1, 1, hidden)``, evaluated."""
+
+    def __init__(self, head: CertifiedHead, hidden: mx.array) -> None:
+        self.head, self.hidden = head, hidden
+        self._logits: mx.array | None = None
+
+    @property
+    def logits(self) -> mx.array:
+        if self._logits is None:
+            self._logits = lm_head(self.head.model, self.hidden)[0, 0]
+            mx.eval(self._logits)
+        return self._logits
+
+    def best(self, allowed: np.ndarray | None = None, margin: float | None = None) -> int | None:
+        top = self.head.top(self.hidden, 1, allowed, margin)
+        return None if top is None else int(top.ids[0])
+
+
+def full_logits(row: HeadRow | mx.array) -> mx.array:
+    """The ``(V,)`` logits of a row that may be a :class:`HeadRow`."""
+    return row.logits if isinstance(row, HeadRow) else row

@@ -16,12 +16,13 @@ Contract:
   occurrence of the context's last ``n`` ids, for the longest ``n`` from ``max_match`` down to
   ``min_match`` that occurs; ``[]`` when none does.
 - :class:`Lookahead` feeds a decoder's chosen tokens to a model through two callables:
-  ``run(ids, tail) -> logits (tail, V)`` appends ids to the cache and returns the evaluated
-  logits of the last ``tail`` of them (``models.forward.forward_tail``), and
-  ``drop(n, logits)`` removes the last ``n`` rows again, ``logits`` being those of the row that
-  is now last. ``feed(ids)`` returns the logits ``(V,)`` after the last of ``ids``: from the
-  pass that drafted them when they match its drafts, else from one new pass over the ids and a
-  fresh draft. ``close()`` drops the rows of drafts not yet confirmed (call it before anything
+  ``run(ids, tail) -> rows`` appends ids to the cache and returns the next-token rows of the
+  last ``tail`` of them (their evaluated logits ``(tail, V)``, ``models.forward.forward_tail``,
+  or any per-id row the decoder reads, such as a
+  :class:`~nexus_mlx.decode.certified_head.HeadRow`), and ``drop(n, row)`` removes the last
+  ``n`` rows again, ``row`` being that of the row that is now last. ``feed(ids)`` returns the
+  row after the last of ``ids``: from the pass that drafted them when they match its drafts,
+  else from one new pass over the ids and a fresh draft. ``close()`` drops the rows of drafts not yet confirmed (call it before anything
   else reads or edits the cache; ``feed`` after ``close`` starts again). ``room()`` bounds the
   rows one pass may add. ``stats`` counts passes, drafted and accepted tokens.
 
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.errors import ArgumentError
 
+Row = Any  # what ``run`` gives per id: logits (V,), or a row object the decoder reads
 DEFAULT_DRAFT_TOKENS = 3
 """Drafted ids per pass. On a 2-core CPU a pass over 4 tokens cost 1.56-1.69x a one-token step
 (SmolLM2 at depth 512 with the BLAS shim's few-row kernel, ``results/skinny_gemm.json`` and its
@@ -86,8 +88,8 @@ class LookaheadStats:
 class Lookahead:
     """Verified copy drafts over a decoder's cache (module docstring)."""
 
-    def __init__(self, run: Callable[[list[int], int], mx.array],
-                 drop: Callable[[int, mx.array], None], context: Sequence[int] | np.ndarray, *,
+    def __init__(self, run: Callable[[list[int], int], Any],  # rows, indexable by id
+                 drop: Callable[[int, Row], None], context: Sequence[int] | np.ndarray, *,
                  max_draft: int = DEFAULT_DRAFT_TOKENS, min_match: int = DEFAULT_MIN_MATCH,
                  room: Callable[[], int] | None = None) -> None:
         checked_draft_tokens(max_draft, "max_draft")
@@ -98,8 +100,8 @@ class Lookahead:
         self._context = np.asarray(context, dtype=np.int64).copy()
         self._size = int(self._context.size)
         self._drafts: list[int] = []  # forwarded, not yet confirmed
-        self._ahead: list[mx.array] = []  # logits after each draft, in order
-        self._last: mx.array | None = None  # logits after the last confirmed id
+        self._ahead: list[Row] = []  # the row after each draft, in order
+        self._last: Row | None = None  # the row after the last confirmed id
         self.stats = LookaheadStats()
 
     @property
@@ -112,8 +114,9 @@ class Lookahead:
         """The initial context and every id fed since."""
         return self._context[: self._size]
 
-    def feed(self, ids: Sequence[int], *, draft: bool = True) -> mx.array:
-        """Logits ``(V,)`` after the last of ``ids``, which the decoder has chosen."""
+    def feed(self, ids: Sequence[int], *, draft: bool = True) -> Row:
+        """The row (logits ``(V,)``, or the caller's row) after the last of ``ids``, which the
+        decoder has chosen."""
         ids = [int(t) for t in ids]
         if not ids:
             raise ArgumentError("feed() needs at least one id")
@@ -131,12 +134,12 @@ class Lookahead:
         rest = ids[taken:]
         self._extend(rest)
         proposal = self._draft(len(rest)) if draft else []
-        logits = self._run(rest + proposal, 1 + len(proposal))
+        rows = self._run(rest + proposal, 1 + len(proposal))
         self.stats.passes += 1
         self.stats.drafted += len(proposal)
         self._drafts = proposal
-        self._ahead = [logits[i] for i in range(1, 1 + len(proposal))]
-        self._last = logits[0]
+        self._ahead = [rows[i] for i in range(1, 1 + len(proposal))]
+        self._last = rows[0]
         return self._last
 
     def close(self) -> None:

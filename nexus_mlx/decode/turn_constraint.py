@@ -21,7 +21,9 @@ Contract:
 Each has ``allowed()`` (the bool mask ``(V,)`` of the next token, or None when anything goes),
 ``restrain(token, logits)`` (the optional-argument restraint: ``optional_margin`` nats, as
 ``generate_tool_call``'s: a call's arguments take a member past the required ones only where the
-model prefers it clearly; 0 turns it off) and ``accept(token)`` (advance). Expected refusals are
+model prefers it clearly; 0 turns it off; ``weighs_logits()`` says whether it reads the step's
+logits, so a decoder that picks the best id without them knows when it may) and
+``accept(token)`` (advance). Expected refusals are
 masks, never exceptions; bad requests (an unknown tool name, a forced choice without tools, a
 schema that does not compile) raise :class:`~nexus_mlx.errors.ArgumentError` /
 :class:`~nexus_mlx.errors.ToolError` when the constraint is built. It does not run the model or
@@ -117,6 +119,11 @@ class TurnConstraint:
         if self._json is None or self._forced:
             return None
         return self._json.member_choice(depth=2)  # {"name": ..., "arguments": {<here>}}
+
+    def weighs_logits(self) -> bool:
+        """Whether :meth:`restrain` reads this step's logits (a member may end the arguments
+        or go on, and the restraint is on)."""
+        return bool(self.optional_margin) and self.member_choice() is not None
 
     def restrain(self, token: int, logits: mx.array) -> int:
         """``token``, or the best ending of the call's arguments where ``token`` would add a
@@ -228,6 +235,9 @@ class ResponseConstraint:
             return mask
         return self._json.allowed_mask()
 
+    def weighs_logits(self) -> bool:
+        return False
+
     def restrain(self, token: int, logits: mx.array) -> int:
         """``token`` unchanged: a ``response_format`` schema's optional fields are the reply's."""
         return token
@@ -272,6 +282,9 @@ class CallsOrResponse:
         opener, value = self._calls.allowed(), self._response.allowed()
         assert opener is not None and value is not None  # both constrain their first token
         return opener | value
+
+    def weighs_logits(self) -> bool:
+        return self._chosen is not None and self._chosen.weighs_logits()
 
     def restrain(self, token: int, logits: mx.array) -> int:
         return token if self._chosen is None else self._chosen.restrain(token, logits)

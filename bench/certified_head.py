@@ -1,0 +1,224 @@
+"""Greedy decoding with the certified head against the full output projection, per model.
+
+Contract: ``python bench/certified_head.py [--model M] [--tag T] [--quick]`` runs three views of
+:mod:`nexus_mlx.decode.certified_head` on chat prompts (:data:`PROMPTS`), each arm against the
+same thing with the full projection, interleaved trial by trial (the order alternates):
+
+- ``head``: one step over the last-layer states of a real greedy decode of each prompt:
+  ``CertifiedHead.top`` (its full-projection fallback included where it refuses) against
+  ``lm_head`` and its argmax; the certified share of those steps.
+- ``generate``: ``generate_tokens`` greedy after each prompt, ``certified_head`` on and off
+  (tokens per second of the decode steps).
+- ``session``: ``Session.generate`` on agent-shaped turns (free text, a forced tool call with a
+  schema-constrained argument, a JSON reply under a ``response_format``), a fresh session per
+  arm and trial, on and off (decode tokens per second, ``reply.decode_s``).
+
+Correctness first: both arms' ids are identical before any timing (the run stops otherwise).
+Ratios are full / certified medians of paired trials (> 1: the certified head is faster) with
+bootstrap CIs over trials. Final JSON line: ``{"head": {"certified_ms", "full_ms", "ratio",
+"ratio_ci", "certified_share", "steps"}, "generate": {"tok_s", "full_tok_s", "ratio",
+"ratio_ci", "certified_share"}, "session": {same}, "model", "model_info", "vocab", "hidden",
+"loadavg", ...}``; PNG beside it. ``--quick``: 2 prompts, 3 trials, 12 tokens.
+"""
+
+from __future__ import annotations
+
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paired_ratio_ci,
+)
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import plots
+
+from nexus_mlx import load
+from nexus_mlx.agent.session import Session
+from nexus_mlx.decode.certified_head import CertifiedHead
+from nexus_mlx.decode.generate import GenerationStats, generate_tokens, greedy
+from nexus_mlx.models.forward import forward_last_hidden, lm_head, make_cache
+
+PROMPTS = (
+    "Explain how a hash map handles collisions.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What changed in the French revolution of 1789? Answer in three sentences.",
+    "List four uses of the git rebase command.",
+)
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_current_time", "description": "The current time in an IANA timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}
+CITY = {"type": "json_schema", "json_schema": {"schema": {
+    "type": "object", "properties": {"city": {"type": "string"}, "reason": {"type": "string"}},
+    "required": ["city", "reason"]}}}
+
+
+def chat_ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                              add_generation_prompt=True))
+
+
+def paired(arms: dict[str, Callable[[], float]], trials: int) -> dict[str, list[float]]:
+    """Each arm's measurement per trial, the arms' order alternating."""
+    names = list(arms)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for trial in range(trials):
+        for name in names if trial % 2 == 0 else names[::-1]:
+            out[name].append(arms[name]())
+    return out
+
+
+def summary(times: dict[str, list[float]], key: str, share: float, **extra: Any
+            ) -> dict[str, Any]:
+    """Medians of both arms (``key`` names the unit), full / certified ratio and its CI."""
+    ratio, lo, hi = paired_ratio_ci(times["full"], times["certified"])
+    return {f"certified_{key}": median_ci(times["certified"])[0],
+            f"full_{key}": median_ci(times["full"])[0], "ratio": ratio, "ratio_ci": [lo, hi],
+            "certified_share": share, **extra,
+            "trials_ms": {name: values for name, values in times.items()}}
+
+
+def head_view(model: Any, tokenizer: Any, head: CertifiedHead, prompts: tuple[str, ...],
+              tokens: int, trials: int) -> dict[str, Any]:
+    states = []
+    for text in prompts:  # the states a real greedy decode passes through
+        cache = make_cache(model)
+        hidden = forward_last_hidden(model, chat_ids(tokenizer, text), cache)
+        for _ in range(tokens):
+            mx.eval(hidden)
+            states.append(hidden)
+            token = int(greedy(lm_head(model, hidden)[:, -1, :]).item())
+            hidden = forward_last_hidden(model, [token], cache)
+    for hidden in states:
+        top = head.top(hidden)
+        full = int(greedy(lm_head(model, hidden)[:, -1, :]).item())
+        if top is not None and int(top.ids[0]) != full:
+            raise SystemExit(f"certified id {int(top.ids[0])} is not the argmax {full}")
+    before = head.stats.certified + head.stats.refused
+    certified_before = head.stats.certified
+
+    def certified() -> float:
+        start = time.perf_counter()
+        for hidden in states:
+            if head.top(hidden) is None:
+                mx.eval(greedy(lm_head(model, hidden)[:, -1, :]))
+        return (time.perf_counter() - start) * 1e3 / len(states)
+
+    def full() -> float:
+        start = time.perf_counter()
+        for hidden in states:
+            mx.eval(greedy(lm_head(model, hidden)[:, -1, :]))
+        return (time.perf_counter() - start) * 1e3 / len(states)
+
+    times = paired({"certified": certified, "full": full}, trials)
+    seen = head.stats.certified + head.stats.refused - before
+    share = (head.stats.certified - certified_before) / seen
+    return summary(times, "ms", share, steps=len(states))
+
+
+def generate_view(model: Any, tokenizer: Any, prompts: tuple[str, ...], tokens: int,
+                  trials: int) -> dict[str, Any]:
+    prompt_ids = [chat_ids(tokenizer, text) for text in prompts]
+    counted = GenerationStats()
+
+    def run(on: bool, stats: GenerationStats | None = None) -> tuple[list[list[int]], float]:
+        out, seconds, steps = [], 0.0, 0
+        for ids in prompt_ids:
+            st = stats if stats is not None else GenerationStats()
+            st.generated_tokens = 0
+            out.append(list(generate_tokens(model, ids, make_cache(model), max_tokens=tokens,
+                                            stats=st, certified_head=on)))
+            seconds, steps = seconds + st.decode_s, steps + st.generated_tokens - 1
+        return out, steps / seconds
+
+    ours, full = run(True, counted)[0], run(False)[0]
+    if ours != full:
+        raise SystemExit(f"generate_tokens ids differ: {ours} vs {full}")
+    share = counted.certified_tokens / sum(len(ids) for ids in ours)
+    times = paired({"certified": lambda: 1e3 / run(True)[1],
+                    "full": lambda: 1e3 / run(False)[1]}, trials)  # ms per token
+    return {**summary(times, "ms_per_token", share),
+            "tok_s": 1e3 / median_ci(times["certified"])[0],
+            "full_tok_s": 1e3 / median_ci(times["full"])[0]}
+
+
+def session_turns(session: Session, tokens: int) -> list[Any]:
+    ask = [{"role": "user", "content": "What time is it in Tokyo right now, and why is the "
+                                       "city famous?"}]
+    return [session.generate(ask, max_tokens=tokens),
+            session.generate(ask, [TIME_TOOL], tool_choice="required", max_tokens=tokens),
+            session.generate(ask, response_format=CITY, max_tokens=tokens)]
+
+
+def session_view(model: Any, tokenizer: Any, head: CertifiedHead, tokens: int,
+                 trials: int) -> dict[str, Any]:
+    def run(on: bool) -> tuple[list[list[int]], float]:
+        replies = session_turns(Session(model, tokenizer, certified_head=on), tokens)
+        steps = sum(len(r.tokens) - 1 for r in replies)
+        return [r.tokens for r in replies], steps / sum(r.decode_s for r in replies)
+
+    before = (head.stats.certified, head.stats.certified + head.stats.refused)
+    ours = run(True)[0]
+    share = (head.stats.certified - before[0]) / max(1, sum(len(t) - 1 for t in ours))
+    if ours != run(False)[0]:
+        raise SystemExit("session replies differ with and without the certified head")
+    times = paired({"certified": lambda: 1e3 / run(True)[1],
+                    "full": lambda: 1e3 / run(False)[1]}, trials)
+    return {**summary(times, "ms_per_token", share),
+            "tok_s": 1e3 / median_ci(times["certified"])[0],
+            "full_tok_s": 1e3 / median_ci(times["full"])[0]}
+
+
+def draw(views: dict[str, dict[str, Any]], name: str, quick: bool) -> None:
+    fig, ax = plots.figure()
+    names = list(views)
+    ratios = [views[n]["ratio"] for n in names]
+    ax.bar(names, ratios, yerr=plots.error_bars(ratios, [views[n]["ratio_ci"] for n in names]),
+           capsize=4)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel("full projection / certified head (median ratio)")
+    ax.set_title("greedy decoding: certified head speed-up")
+    plots.save(fig, name, quick)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--tag", default="", help="write results/certified_head_TAG.json")
+    args = parser.parse_args()
+    name = "certified_head" + (f"_{args.tag}" if args.tag else "")
+    started, load_start = time.perf_counter(), os.getloadavg()
+    prompts = PROMPTS[:2] if args.quick else PROMPTS
+    trials = 3 if args.quick else 7
+    tokens = 12 if args.quick else 32
+    model, tokenizer = load(args.model)
+    head = CertifiedHead.of(model)
+    if head is None:
+        raise SystemExit(f"model {args.model!r} has no certified head here (see the module)")
+    views = {"head": head_view(model, tokenizer, head, prompts, tokens, trials)}
+    print(f"head step: {views['head']['ratio']:.2f}x", flush=True)
+    views["generate"] = generate_view(model, tokenizer, prompts, tokens, trials)
+    print(f"generate: {views['generate']['ratio']:.2f}x", flush=True)
+    views["session"] = session_view(model, tokenizer, head, tokens, trials)
+    print(f"session: {views['session']['ratio']:.2f}x", flush=True)
+    draw(views, name, args.quick)
+    vocab, hidden = head.weight.shape
+    emit(name, {**model_record(args.model, model), **views, "vocab": vocab, "hidden": hidden,
+                "candidates": head.candidates, "margin": head.margin, "trials": trials,
+                "tokens": tokens, "prompts": list(prompts),
+                "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                "seconds": time.perf_counter() - started,
+                "loadavg": {"start": list(load_start), "end": list(os.getloadavg())}},
+         args.quick)
+
+
+if __name__ == "__main__":
+    main()
