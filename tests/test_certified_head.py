@@ -10,12 +10,21 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes as model_classes
 
-from nexus_mlx.decode.certified_head import MIN_VOCAB, CertifiedHead
+import nexus_mlx.decode.certified_head as certified_head_module
+from nexus_mlx.decode.certified_head import CertifiedHead
 from nexus_mlx.decode.generate import GenerationStats, generate_tokens
 from nexus_mlx.kernels.int8_scan import native_scan
 from nexus_mlx.models.forward import forward_hidden, lm_head, make_cache
 
 pytestmark = pytest.mark.skipif(native_scan() is None, reason="no native INT8 scan here")
+SMALL_HEAD = 4096 * 64  # the tiny models' heads: built here, far under the library's threshold
+MIN_VOCAB = 4096
+
+
+@pytest.fixture(autouse=True)
+def small_heads(monkeypatch):
+    """Build heads for tiny models (and the default model's) in these tests."""
+    monkeypatch.setattr(certified_head_module, "MIN_HEAD_WEIGHTS", SMALL_HEAD)
 
 
 def tiny_llama(vocab: int = 8192, hidden: int = 64, tied: bool = False, seed: int = 0):
@@ -91,9 +100,9 @@ def test_a_tie_is_refused_not_guessed():
     assert head.top(hidden) is None and head.stats.refused == 1
 
 
-def test_where_a_head_is_not_built():
+def test_where_a_head_is_not_built(monkeypatch):
     small = tiny_llama(vocab=MIN_VOCAB - 1)
-    assert CertifiedHead.of(small) is None
+    assert CertifiedHead.of(small) is None  # under the threshold
     half = tiny_llama()
     half.lm_head.weight = half.lm_head.weight.astype(mx.bfloat16)
     assert CertifiedHead.of(half) is None  # its full projection rounds in bfloat16
@@ -104,6 +113,8 @@ def test_where_a_head_is_not_built():
     assert CertifiedHead.of(model) is not first  # its weight was replaced
     tied = tiny_llama(tied=True)
     assert CertifiedHead.of(tied).weight.shape == tuple(tied.model.embed_tokens.weight.shape)
+    monkeypatch.undo()
+    assert CertifiedHead.of(tiny_llama(seed=9)) is None  # the library's own threshold
 
 
 @pytest.mark.parametrize("seed", [0, 7])
