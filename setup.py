@@ -79,7 +79,8 @@ if sys.platform.startswith("linux") or sys.platform == "darwin":
             SCAN_MODULE,
             sources=[SCAN_SOURCE],
             define_macros=[("NEXUS_I8_SOURCE_ID", f'"{_source_id(SCAN_SOURCE)}"')],
-            extra_compile_args=["-O3", "-fvisibility=hidden", "-ffp-contract=off"],
+            extra_compile_args=["-O3", "-fvisibility=hidden", "-ffp-contract=off", "-pthread"],
+            extra_link_args=["-pthread"],
             libraries=["m"],
             optional=True,  # the loader compiles it on first use, or falls back to numpy
         )

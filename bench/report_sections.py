@@ -437,6 +437,19 @@ def micro_section(d: dict[str, Any]) -> list[str]:
                  rows)
 
 
+def certified_head_section(d: dict[str, Any]) -> list[str]:
+    views = (("head", "one head step", "ms"), ("generate", "generate_tokens", "ms_per_token"),
+             ("session", "Session.generate", "ms_per_token"))
+    rows = [[label, fmt(get(d, view, f"certified_{unit}"), ".1f"),
+             fmt(get(d, view, f"full_{unit}"), ".1f"), fmt(get(d, view, "ratio"), ".2f"),
+             fmt_ci(get(d, view, "ratio_ci"), ".2f"), fmt(get(d, view, "certified_share"), ".2f")]
+            for view, label, unit in views if mapping(d, view)]
+    head = [f"Head {fmt(d.get('vocab'))} x {fmt(d.get('hidden'))}, {fmt(d.get('candidates'))} "
+            f"candidates; BLAS threads {fmt(d.get('openblas_threads'))}; ms per step (head) or "
+            "per decoded token; ratio: full projection / certified head (paired trials).", ""]
+    return head + table(["view", "certified ms", "full ms", "ratio", "95% CI", "certified"], rows)
+
+
 def skinny_section(d: dict[str, Any]) -> list[str]:
     """``skinny_gemm``: few-row products and short forwards, skinny kernel vs OpenBLAS."""
     gemm = [[fmt(r.get("shape")), fmt(r.get("rows")), fmt(r.get("skinny_ms"), ".2f"),

@@ -7,8 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes as model_classes
+from tiny_models import tiny_model
 
 import nexus_mlx.decode.certified_head as certified_head_module
 from nexus_mlx.decode.certified_head import CertifiedHead
@@ -27,20 +26,8 @@ def small_heads(monkeypatch):
     monkeypatch.setattr(certified_head_module, "MIN_HEAD_WEIGHTS", SMALL_HEAD)
 
 
-def tiny_llama(vocab: int = 8192, hidden: int = 64, tied: bool = False, seed: int = 0):
-    config = {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 2,
-              "intermediate_size": 2 * hidden, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": vocab,
-              "rope_theta": 10000.0, "tie_word_embeddings": tied}
-    model_cls, args_cls = model_classes(config)
-    mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(config))
-    norms = [(k, 1.0 + 0.5 * mx.random.normal(v.shape))
-             for k, v in tree_flatten(model.parameters()) if "norm" in k]
-    model.load_weights(norms, strict=False)
-    mx.eval(model.parameters())
-    model.eval()
-    return model
+def tiny_llama(vocab: int = 8192, tied: bool = False, seed: int = 0):
+    return tiny_model("llama" if tied else "llama-untied", seed, vocab_size=vocab)
 
 
 def _hidden_states(model, n: int, seed: int) -> mx.array:

@@ -161,9 +161,10 @@ def test_native_scores_and_topk_equal_the_reference(isa: str) -> None:
                 qrow = np.zeros(padded.shape[1], np.int8)
                 qrow[:d] = q
                 want = ks.scores_reference(padded, qrow)
-                np.testing.assert_array_equal(
-                    NATIVE.scores(padded, sums, qrow, isa), want, err_msg=f"{isa} n={n} d={d}"
-                )
+                for threads in (1, 3):  # the rows split over threads: the same dots
+                    np.testing.assert_array_equal(
+                        NATIVE.scores(padded, sums, qrow, isa, threads=threads), want,
+                        err_msg=f"{isa} n={n} d={d} threads={threads}")
                 keys = ks.keys_from_scores(want, scales)
                 for k in (1, 5, n + 3):
                     idx, got_keys = NATIVE.topk(padded, sums, scales, qrow, k, isa)
@@ -229,6 +230,9 @@ def test_native_rejects_bad_arguments() -> None:
         NATIVE.scores(codes, sums, np.full(64, -128, np.int8))
     with pytest.raises(ks.ArgumentError, match="unknown ISA"):
         NATIVE.scores(codes, sums, q, "sse9")
+    for threads in (0, 1.5, True):
+        with pytest.raises(ks.ArgumentError, match="threads must be a positive integer"):
+            NATIVE.scores(codes, sums, q, threads=threads)
     missing = next((i for i in ks.ISAS if i not in NATIVE.isas), None)
     if missing is not None:
         with pytest.raises(ks.ArgumentError, match="not available"):

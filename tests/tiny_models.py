@@ -79,9 +79,10 @@ def random_model(config: dict[str, Any], seed: int = 0) -> nn.Module:
     return model
 
 
-def tiny_model(name: str, seed: int = 0) -> nn.Module:
-    """A float32 model with MLX's random initialisation and randomised norm weights."""
-    model = random_model({**_COMMON, **CONFIGS[name]}, seed)
+def tiny_model(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A float32 model with MLX's random initialisation and randomised norm weights;
+    ``overrides`` replace config keys (``vocab_size=8192``: a larger head)."""
+    model = random_model({**_COMMON, **CONFIGS[name], **overrides}, seed)
     if model.model_type == "gemma3_text":  # as when a checkpoint has no lm_head: tied
         model.sanitize({})
     offset = 0.0 if model.model_type in ("gemma2", "gemma3_text") else 1.0  # gemma: (1 + w)

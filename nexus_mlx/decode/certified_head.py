@@ -22,7 +22,7 @@ How: the head's ``(V, D)`` weight is quantized once, per row, as the semantic lo
 buffer's vectors are (:func:`~nexus_mlx.kernels.int8_scan.quantize_rows`: ``W[r] = s_r (c_r +
 d_r)``, ``|d_r| <= 1/2``); a step quantizes the normed hidden state ``x = s_q (q + e)``
 (``|e| <= 1/2``) likewise and computes every row's INT8 dot ``c_r . q`` with the native SIMD
-scan (a quarter of the float32 weight's bytes). Expanding the product bounds each row's logit
+scan (a quarter of the float32 weight's bytes, the rows split over the cores). Expanding the product bounds each row's logit
 ``W[r] . x`` above by ``s_q s_r c_r . q + s_q (s_r (|q|_1 / 2 + D / 4) + s_r |c_r|_1 / 2)``. The
 ``candidates`` rows with the highest bound get their exact float32 logits; the top is accepted
 when its n-th best exact logit exceeds the highest bound outside the candidates (with a relative
@@ -37,6 +37,7 @@ caches or tokenizers.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -58,6 +59,7 @@ DEFAULT_CANDIDATES = 256  # the scan's cost barely depends on it; the exact logi
 MARGIN = 1e-3  # nats between a certified id and anything that could rank beside it
 ROUNDING_SLACK = 1e-5  # relative slack on the highest bound for its float32 rounding
 BOUND_SLACK = 1e-4  # relative slack on the error term: float32 rounding of codes and scales
+SCAN_THREADS = max(1, min(os.cpu_count() or 1, 16))  # the scan runs while MLX waits for it
 _HEAD_ATTR = "_nexus_certified_head"  # where a model keeps its head (as model_plan's memo)
 _LOCK = threading.Lock()
 
@@ -139,7 +141,7 @@ class CertifiedHead:
     def _upper_bounds(self, x: np.ndarray) -> np.ndarray:
         """``(V,)`` float32: above each row's logit ``W[r] . x`` (module docstring)."""
         codes, qscale = self._native.quantize(x, self._rows.shape[1])
-        dots = self._native.scores(self._rows, self._sums, codes)
+        dots = self._native.scores(self._rows, self._sums, codes, threads=SCAN_THREADS)
         q_half_l1 = 0.5 * float(np.abs(codes, dtype=np.int32).sum()) + 0.25 * self.dim
         scaled = self._scales * np.float32(qscale)
         bound = scaled * np.float32(q_half_l1) + np.float32(qscale) * self._half_l1

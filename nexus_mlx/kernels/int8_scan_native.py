@@ -29,13 +29,14 @@ from nexus_mlx.errors import ArgumentError, BuildError
 ISAS = ("scalar", "avx2", "avx512vnni", "neon", "neondot")
 ALIGN = 64
 MAX_DIM = 65536
-ABI_VERSION = 2
+ABI_VERSION = 3
 ENV_VAR = "NEXUS_MLX_INT8_SCAN"
 LIBRARY_NAME = "_int8_scan.so"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent / "_platform"  # csrc/ and the built library
 SOURCE = _PACKAGE_DIR / "csrc" / "int8_scan.c"
-COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-ffp-contract=off")
+COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-ffp-contract=off",
+                 "-pthread")
 
 
 def padded_width(dim: int) -> int:
@@ -111,6 +112,9 @@ class NativeInt8Scan:
         lib.nexus_i8_quantize.restype = ctypes.c_int
         lib.nexus_i8_scores.argtypes = [ctypes.c_int, _P, _P, _I64, _I64, _P, _P]
         lib.nexus_i8_scores.restype = ctypes.c_int
+        lib.nexus_i8_scores_mt.argtypes = [ctypes.c_int, _P, _P, _I64, _I64, _P, _P,
+                                           ctypes.c_int]
+        lib.nexus_i8_scores_mt.restype = ctypes.c_int
         lib.nexus_i8_topk.argtypes = [ctypes.c_int, _P, _P, _P, _I64, _I64, _P, _I64, _P, _P]
         lib.nexus_i8_topk.restype = _I64
         lib.nexus_i8_search.argtypes = [ctypes.POINTER(_Plan)]
@@ -153,14 +157,18 @@ class NativeInt8Scan:
         return out, float(scale[0])
 
     def scores(
-        self, codes: np.ndarray, sums: np.ndarray, query: np.ndarray, isa: str | None = None
+        self, codes: np.ndarray, sums: np.ndarray, query: np.ndarray, isa: str | None = None,
+        threads: int = 1,
     ) -> np.ndarray:
-        """int32 dots of padded ``codes (N, W)`` with the padded int8 ``query (W,)``."""
+        """int32 dots of padded ``codes (N, W)`` with the padded int8 ``query (W,)``, the rows
+        split over up to ``threads`` threads (the same dots)."""
         n, width = _check_padded(codes, sums)
         query = _check_query_codes(query, width)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ArgumentError(f"threads must be a positive integer, got {threads!r}")
         out = np.empty((n,), np.int32)
-        rc = self.lib.nexus_i8_scores(self.isa_id(isa), codes.ctypes.data, sums.ctypes.data, n,
-                                      width, query.ctypes.data, out.ctypes.data)
+        rc = self.lib.nexus_i8_scores_mt(self.isa_id(isa), codes.ctypes.data, sums.ctypes.data,
+                                         n, width, query.ctypes.data, out.ctypes.data, threads)
         _check_rc(rc, "scores")
         return out
 

@@ -36,11 +36,15 @@
  * inside int32 for stride <= NEXUS_I8_MAX_DIM. float32(dot) is exact while |dot| < 2^24 (any
  * dim <= 1040); above that the conversion rounds, identically on every path (one IEEE op).
  *
+ * nexus_i8_scores_mt computes nexus_i8_scores's dots with the rows split over POSIX threads
+ * (identical output).
+ *
  * Compiled with -ffp-contract=off: the only float arithmetic (x / scale, dot * scale,
  * key * query_scale) is one operation per statement, so every path rounds alike.
  */
 
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,7 +60,8 @@
 #define NEXUS_I8_SOURCE_ID "unknown"
 #endif
 
-#define NEXUS_I8_ABI 2
+#define NEXUS_I8_ABI 3
+#define NEXUS_I8_MAX_THREADS 16
 #define NEXUS_I8_ALIGN 64
 #define NEXUS_I8_MAX_DIM 65536
 #define NEXUS_I8_BLOCK 256 /* rows whose dots are computed before they enter the heap */
@@ -464,6 +469,59 @@ NEXUS_API int nexus_i8_scores(int isa, const int8_t *codes, const int32_t *sums,
   if (dots == dots_vnni && n > 0 && sums == NULL) return NEXUS_I8_EBADARG;
 #endif
   dots(codes, sums, n, stride, query, out);
+  return NEXUS_I8_OK;
+}
+
+/* One thread's share of nexus_i8_scores_mt: rows [r0, r1). */
+typedef struct {
+  dots_fn dots;
+  const int8_t *codes;
+  const int32_t *sums;
+  int64_t stride, r0, r1;
+  const int8_t *query;
+  int32_t *out;
+} scores_share;
+
+static void *run_scores_share(void *arg) {
+  const scores_share *s = (const scores_share *)arg;
+  s->dots(s->codes + s->r0 * s->stride, s->sums == NULL ? NULL : s->sums + s->r0, s->r1 - s->r0,
+          s->stride, s->query, s->out + s->r0);
+  return NULL;
+}
+
+/* nexus_i8_scores with the rows split into contiguous shares over min(threads, 16) POSIX threads
+ * (the caller's thread takes the first; a share whose thread cannot start runs on the caller's).
+ * Every dot is computed exactly as by nexus_i8_scores, so the output is identical. */
+NEXUS_API int nexus_i8_scores_mt(int isa, const int8_t *codes, const int32_t *sums, int64_t n,
+                                 int64_t stride, const int8_t *query, int32_t *out, int threads) {
+  int rc = check_layout(codes, n, stride);
+  if (rc != NEXUS_I8_OK) return rc;
+  const dots_fn dots = resolve(isa);
+  if (dots == NULL) return NEXUS_I8_EISA;
+  if (query == NULL || (n > 0 && out == NULL) || threads < 1) return NEXUS_I8_EBADARG;
+#if defined(NEXUS_I8_X86)
+  if (dots == dots_vnni && n > 0 && sums == NULL) return NEXUS_I8_EBADARG;
+#endif
+  int64_t want = threads < NEXUS_I8_MAX_THREADS ? threads : NEXUS_I8_MAX_THREADS;
+  if (want > n) want = n;
+  if (want <= 1) {
+    dots(codes, sums, n, stride, query, out);
+    return NEXUS_I8_OK;
+  }
+  scores_share shares[NEXUS_I8_MAX_THREADS];
+  pthread_t ids[NEXUS_I8_MAX_THREADS];
+  int started[NEXUS_I8_MAX_THREADS] = {0};
+  for (int64_t k = 0; k < want; ++k) {
+    scores_share share = {dots, codes, sums, stride, n * k / want, n * (k + 1) / want, query, out};
+    shares[k] = share;
+  }
+  for (int64_t k = 1; k < want; ++k) {
+    started[k] = pthread_create(&ids[k], NULL, run_scores_share, &shares[k]) == 0;
+    if (!started[k]) run_scores_share(&shares[k]);
+  }
+  run_scores_share(&shares[0]);
+  for (int64_t k = 1; k < want; ++k)
+    if (started[k]) pthread_join(ids[k], NULL);
   return NEXUS_I8_OK;
 }
 
