@@ -327,23 +327,28 @@ def blas_section(d: dict[str, Any]) -> list[str]:
 
 
 def engine_section(d: dict[str, Any]) -> list[str]:
+    decodes = records(d.get("decode")) or ([mapping(d, "decode")] if mapping(d, "decode") else [])
+    headed = any(dec.get("full_head_ratio") is not None for dec in decodes)  # newer runs
+    extra = 2 if headed else 0
     rows = [["prefill", fmt(r.get("tokens")), fmt(r.get("nexus_tok_s"), ".1f"),
              fmt(r.get("mlx_lm_tok_s"), ".1f"), fmt(r.get("ratio"), ".2f"),
-             fmt_ci(r.get("ratio_ci"), ".2f"), "", ""]
+             fmt_ci(r.get("ratio_ci"), ".2f"), *[""] * extra]
             for r in sort_by(records(d.get("prefill")), "tokens")]
-    decodes = records(d.get("decode")) or ([mapping(d, "decode")] if mapping(d, "decode") else [])
     for dec in decodes:  # one row per context (older results: one mapping)
         context = f" after {fmt(dec.get('context'))}" if dec.get("context") is not None else ""
-        rows.append([f"decode{context}", fmt(dec.get("tokens")), fmt(dec.get("nexus_tok_s"), ".1f"),
-                     fmt(dec.get("mlx_lm_tok_s"), ".1f"), fmt(dec.get("ratio"), ".2f"),
-                     fmt_ci(dec.get("ratio_ci"), ".2f"), fmt(dec.get("full_head_ratio"), ".2f"),
-                     fmt(dec.get("certified_share"), ".2f")])
+        row = [f"decode{context}", fmt(dec.get("tokens")), fmt(dec.get("nexus_tok_s"), ".1f"),
+               fmt(dec.get("mlx_lm_tok_s"), ".1f"), fmt(dec.get("ratio"), ".2f"),
+               fmt_ci(dec.get("ratio_ci"), ".2f")]
+        if headed:
+            row += [fmt(dec.get("full_head_ratio"), ".2f"), fmt(dec.get("certified_share"), ".2f")]
+        rows.append(row)
     head = [f"Max logit difference vs mlx-lm: {fmt(d.get('max_logit_diff'), '.3g')}; greedy "
-            f"decodes identical: {fmt(d.get('greedy_identical'))}. Decode: our greedy loop with "
-            "the certified head (full head: the full projection instead; certified: the share "
-            "of steps the head certified).", ""]
-    return head + table(["phase", "tokens", "nexus tok/s", "mlx-lm tok/s", "ratio", "95% CI",
-                         "full head ratio", "certified"], rows)
+            f"decodes identical: {fmt(d.get('greedy_identical'))}."
+            + (" Decode: our greedy loop with the certified head (full head ratio: the same "
+               "loop with the full projection against mlx-lm; certified: the share of steps "
+               "the head certified)." if headed else ""), ""]
+    columns = ["phase", "tokens", "nexus tok/s", "mlx-lm tok/s", "ratio", "95% CI"]
+    return head + table(columns + (["full head ratio", "certified"] if headed else []), rows)
 
 
 def slb_section(d: dict[str, Any]) -> list[str]:
