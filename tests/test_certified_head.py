@@ -85,6 +85,7 @@ def test_a_tie_is_refused_not_guessed():
     hidden = mx.array(np.abs(np.random.default_rng(6).standard_normal((1, 1, 64))), mx.float32)
     model.model.norm.weight = mx.ones((64,))  # the normed state stays positive: rows 3/7 lead
     assert head.top(hidden) is None and head.stats.refused == 1
+    assert head.top(mx.full((1, 1, 64), float("nan"))) is None  # refused, not an error
 
 
 def test_where_a_head_is_not_built(monkeypatch):

@@ -122,6 +122,9 @@ class CertifiedHead:
         margin = self.margin if margin is None else max(self.margin, float(margin))
         normed = self.model.model.norm(hidden.reshape(1, 1, self.dim))
         x = np.asarray(normed.astype(mx.float32)).reshape(self.dim)
+        if not np.isfinite(x).all():  # nothing to certify; the full projection shows what is
+            self.stats.refused += 1
+            return None
         upper = self._upper_bounds(x)
         split = upper.size - self.candidates
         order = np.argpartition(upper, split - 1)
