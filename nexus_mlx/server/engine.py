@@ -53,6 +53,7 @@ from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thre
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
+from nexus_mlx.decode.certified_head import CertifiedHead
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.decode.name_fsm import token_bytes
 from nexus_mlx.decode.turn_constraint import turn_constraint
@@ -98,6 +99,7 @@ class Engine:
                 model, self._renderer.render, template_digest(tokenizer), source="compile"))
         self.context = self._renderer.max_positions
         self._vocab_size = model_plan(model).vocab_size  # the logits' width
+        run_on_mlx_thread(lambda: CertifiedHead.of(model))  # built now, not in a first reply
         self.pool = SessionPool(self._new_session, max_sessions=max_sessions,
                                 cache_budget=cache_budget, run=run_on_mlx_thread)
         self._lock = threading.Lock()
