@@ -78,6 +78,7 @@ if sys.platform.startswith("linux") or sys.platform == "darwin":
         Extension(
             SCAN_MODULE,
             sources=[SCAN_SOURCE],
+            depends=["nexus_mlx/_platform/csrc/native_rt.h"],
             define_macros=[("NEXUS_I8_SOURCE_ID", f'"{_source_id(SCAN_SOURCE)}"')],
             extra_compile_args=["-O3", "-fvisibility=hidden", "-ffp-contract=off", "-pthread"],
             extra_link_args=["-pthread"],

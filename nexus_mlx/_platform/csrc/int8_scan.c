@@ -44,24 +44,18 @@
  */
 
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(_WIN32)
-#define NEXUS_API __declspec(dllexport)
-#else
-#define NEXUS_API __attribute__((visibility("default")))
-#endif
+#include "native_rt.h" /* NEXUS_API, nexus_parallel_rows */
 
 #ifndef NEXUS_I8_SOURCE_ID
 #define NEXUS_I8_SOURCE_ID "unknown"
 #endif
 
 #define NEXUS_I8_ABI 3
-#define NEXUS_I8_MAX_THREADS 16
 #define NEXUS_I8_ALIGN 64
 #define NEXUS_I8_MAX_DIM 65536
 #define NEXUS_I8_BLOCK 256 /* rows whose dots are computed before they enter the heap */
@@ -472,26 +466,25 @@ NEXUS_API int nexus_i8_scores(int isa, const int8_t *codes, const int32_t *sums,
   return NEXUS_I8_OK;
 }
 
-/* One thread's share of nexus_i8_scores_mt: rows [r0, r1). */
+/* The arguments of one nexus_i8_scores_mt call; scores_rows computes rows [r0, r1). */
 typedef struct {
   dots_fn dots;
   const int8_t *codes;
   const int32_t *sums;
-  int64_t stride, r0, r1;
+  int64_t stride;
   const int8_t *query;
   int32_t *out;
-} scores_share;
+} scores_call;
 
-static void *run_scores_share(void *arg) {
-  const scores_share *s = (const scores_share *)arg;
-  s->dots(s->codes + s->r0 * s->stride, s->sums == NULL ? NULL : s->sums + s->r0, s->r1 - s->r0,
-          s->stride, s->query, s->out + s->r0);
-  return NULL;
+static void scores_rows(const void *ctx, int64_t r0, int64_t r1) {
+  const scores_call *c = (const scores_call *)ctx;
+  c->dots(c->codes + r0 * c->stride, c->sums == NULL ? NULL : c->sums + r0, r1 - r0, c->stride,
+          c->query, c->out + r0);
 }
 
-/* nexus_i8_scores with the rows split into contiguous shares over min(threads, 16) POSIX threads
- * (the caller's thread takes the first; a share whose thread cannot start runs on the caller's).
- * Every dot is computed exactly as by nexus_i8_scores, so the output is identical. */
+/* nexus_i8_scores with the rows split into contiguous shares over up to `threads` POSIX threads
+ * (nexus_parallel_rows). Every dot is computed exactly as by nexus_i8_scores, so the output is
+ * identical. */
 NEXUS_API int nexus_i8_scores_mt(int isa, const int8_t *codes, const int32_t *sums, int64_t n,
                                  int64_t stride, const int8_t *query, int32_t *out, int threads) {
   int rc = check_layout(codes, n, stride);
@@ -502,26 +495,9 @@ NEXUS_API int nexus_i8_scores_mt(int isa, const int8_t *codes, const int32_t *su
 #if defined(NEXUS_I8_X86)
   if (dots == dots_vnni && n > 0 && sums == NULL) return NEXUS_I8_EBADARG;
 #endif
-  int64_t want = threads < NEXUS_I8_MAX_THREADS ? threads : NEXUS_I8_MAX_THREADS;
-  if (want > n) want = n;
-  if (want <= 1) {
-    dots(codes, sums, n, stride, query, out);
-    return NEXUS_I8_OK;
-  }
-  scores_share shares[NEXUS_I8_MAX_THREADS];
-  pthread_t ids[NEXUS_I8_MAX_THREADS];
-  int started[NEXUS_I8_MAX_THREADS] = {0};
-  for (int64_t k = 0; k < want; ++k) {
-    scores_share share = {dots, codes, sums, stride, n * k / want, n * (k + 1) / want, query, out};
-    shares[k] = share;
-  }
-  for (int64_t k = 1; k < want; ++k) {
-    started[k] = pthread_create(&ids[k], NULL, run_scores_share, &shares[k]) == 0;
-    if (!started[k]) run_scores_share(&shares[k]);
-  }
-  run_scores_share(&shares[0]);
-  for (int64_t k = 1; k < want; ++k)
-    if (started[k]) pthread_join(ids[k], NULL);
+  if (n == 0) return NEXUS_I8_OK;
+  const scores_call call = {dots, codes, sums, stride, query, out};
+  nexus_parallel_rows(scores_rows, &call, n, threads, threads > 1);
   return NEXUS_I8_OK;
 }
 
