@@ -86,11 +86,14 @@ def summary(times: dict[str, list[float]], key: str, share: float, **extra: Any
     return {f"certified_{key}": median_ci(times["certified"])[0],
             f"full_{key}": median_ci(times["full"])[0], "ratio": ratio, "ratio_ci": [lo, hi],
             "certified_share": share, **extra,
-            "trials_ms": {name: values for name, values in times.items()}}
+            "trials_ms": dict(times)}
 
 
 def head_view(model: Any, tokenizer: Any, head: CertifiedHead, prompts: tuple[str, ...],
               tokens: int, trials: int) -> dict[str, Any]:
+    def projected(hidden: mx.array) -> mx.array:  # the full projection's greedy id, lazy
+        return greedy(lm_head(model, hidden)[:, -1, :])
+
     states = []
     for text in prompts:  # the states a real greedy decode passes through
         cache = make_cache(model)
@@ -98,59 +101,60 @@ def head_view(model: Any, tokenizer: Any, head: CertifiedHead, prompts: tuple[st
         for _ in range(tokens):
             mx.eval(hidden)
             states.append(hidden)
-            token = int(greedy(lm_head(model, hidden)[:, -1, :]).item())
-            hidden = forward_last_hidden(model, [token], cache)
+            hidden = forward_last_hidden(model, [int(projected(hidden).item())], cache)
+    certified_steps = 0
     for hidden in states:
-        top = head.top(hidden)
-        full = int(greedy(lm_head(model, hidden)[:, -1, :]).item())
-        if top is not None and int(top.ids[0]) != full:
-            raise SystemExit(f"certified id {int(top.ids[0])} is not the argmax {full}")
-    before = head.stats.certified + head.stats.refused
-    certified_before = head.stats.certified
+        top, full_id = head.top(hidden), int(projected(hidden).item())
+        if top is not None and int(top.ids[0]) != full_id:
+            raise SystemExit(f"certified id {int(top.ids[0])} is not the argmax {full_id}")
+        certified_steps += top is not None
 
     def certified() -> float:
         start = time.perf_counter()
         for hidden in states:
             if head.top(hidden) is None:
-                mx.eval(greedy(lm_head(model, hidden)[:, -1, :]))
+                mx.eval(projected(hidden))
         return (time.perf_counter() - start) * 1e3 / len(states)
 
     def full() -> float:
         start = time.perf_counter()
         for hidden in states:
-            mx.eval(greedy(lm_head(model, hidden)[:, -1, :]))
+            mx.eval(projected(hidden))
         return (time.perf_counter() - start) * 1e3 / len(states)
 
     times = paired({"certified": certified, "full": full}, trials)
-    seen = head.stats.certified + head.stats.refused - before
-    share = (head.stats.certified - certified_before) / seen
-    return summary(times, "ms", share, steps=len(states))
+    return summary(times, "ms", certified_steps / len(states), steps=len(states))
+
+
+def rate_view(times: dict[str, list[float]], share: float) -> dict[str, Any]:
+    """:func:`summary` of per-token milliseconds, with both arms' tokens per second."""
+    return {**summary(times, "ms_per_token", share),
+            "tok_s": 1e3 / median_ci(times["certified"])[0],
+            "full_tok_s": 1e3 / median_ci(times["full"])[0]}
 
 
 def generate_view(model: Any, tokenizer: Any, prompts: tuple[str, ...], tokens: int,
                   trials: int) -> dict[str, Any]:
     prompt_ids = [chat_ids(tokenizer, text) for text in prompts]
-    counted = GenerationStats()
 
-    def run(on: bool, stats: GenerationStats | None = None) -> tuple[list[list[int]], float]:
-        out, seconds, steps = [], 0.0, 0
+    def run(on: bool) -> tuple[list[list[int]], float, int]:
+        """The ids of every prompt, the decode's tokens per second, the ids certified."""
+        out, seconds, steps, certified = [], 0.0, 0, 0
         for ids in prompt_ids:
-            st = stats if stats is not None else GenerationStats()
-            st.generated_tokens = 0
+            stats = GenerationStats()
             out.append(list(generate_tokens(model, ids, make_cache(model), max_tokens=tokens,
-                                            stats=st, certified_head=on)))
-            seconds, steps = seconds + st.decode_s, steps + st.generated_tokens - 1
-        return out, steps / seconds
+                                            stats=stats, certified_head=on)))
+            seconds, steps = seconds + stats.decode_s, steps + stats.generated_tokens - 1
+            certified += stats.certified_tokens
+        return out, steps / seconds, certified
 
-    ours, full = run(True, counted)[0], run(False)[0]
-    if ours != full:
-        raise SystemExit(f"generate_tokens ids differ: {ours} vs {full}")
-    share = counted.certified_tokens / sum(len(ids) for ids in ours)
+    ours, _, certified = run(True)
+    if ours != run(False)[0]:
+        raise SystemExit("generate_tokens ids differ with and without the certified head")
+    share = certified / sum(len(ids) for ids in ours)
     times = paired({"certified": lambda: 1e3 / run(True)[1],
                     "full": lambda: 1e3 / run(False)[1]}, trials)  # ms per token
-    return {**summary(times, "ms_per_token", share),
-            "tok_s": 1e3 / median_ci(times["certified"])[0],
-            "full_tok_s": 1e3 / median_ci(times["full"])[0]}
+    return rate_view(times, share)
 
 
 def session_turns(session: Session, tokens: int) -> list[Any]:
@@ -168,16 +172,14 @@ def session_view(model: Any, tokenizer: Any, head: CertifiedHead, tokens: int,
         steps = sum(len(r.tokens) - 1 for r in replies)
         return [r.tokens for r in replies], steps / sum(r.decode_s for r in replies)
 
-    before = (head.stats.certified, head.stats.certified + head.stats.refused)
+    certified_before = head.stats.certified
     ours = run(True)[0]
-    share = (head.stats.certified - before[0]) / max(1, sum(len(t) - 1 for t in ours))
+    share = (head.stats.certified - certified_before) / max(1, sum(len(t) - 1 for t in ours))
     if ours != run(False)[0]:
         raise SystemExit("session replies differ with and without the certified head")
     times = paired({"certified": lambda: 1e3 / run(True)[1],
                     "full": lambda: 1e3 / run(False)[1]}, trials)
-    return {**summary(times, "ms_per_token", share),
-            "tok_s": 1e3 / median_ci(times["certified"])[0],
-            "full_tok_s": 1e3 / median_ci(times["full"])[0]}
+    return rate_view(times, share)
 
 
 def draw(views: dict[str, dict[str, Any]], name: str, quick: bool) -> None:

@@ -83,6 +83,7 @@ from nexus_mlx.decode.call_format import (
     renders_tools,
     textual_messages,
 )
+from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
 from nexus_mlx.decode.name_fsm import vocab_of
@@ -401,12 +402,17 @@ class Session:
         report.top1 = top1_agreement(fresh, mine)
 
     # ---- generation ---------------------------------------------------------------------
+    def next_row(self) -> HeadRow | mx.array:
+        """The row of the token after the cached ones: its logits ``(V,)``, or after a decoded
+        token a :class:`~nexus_mlx.decode.certified_head.HeadRow` (logits computed when read)."""
+        with self.lock:
+            if self.editor.next_row is None:
+                raise ArgumentError("the session holds nothing yet: call step() first")
+            return self.editor.next_row
+
     def next_token_logits(self) -> mx.array:
         """Logits ``(V,)`` of the token after the cached ones."""
-        with self.lock:
-            if self.editor.logits is None:
-                raise ArgumentError("the session holds nothing yet: call step() first")
-            return self.editor.logits
+        return full_logits(self.next_row())
 
     def advance(self, token: int) -> mx.array:
         """Append one token (a decoded one) to the cache; returns the next token's logits. A

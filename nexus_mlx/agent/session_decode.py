@@ -67,20 +67,20 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             on_token: Callable[[int, str], None] | None, start: float,
             score: Callable[[mx.array, int], None] | None
             ) -> tuple[list[int], str, float, int]:
-    session.next_token_logits()  # raises when the session holds nothing yet
-    nxt: Any = session.editor.next_row  # the next id's row (logits, or a certified head's)
+    nxt: Any = session.next_row()  # logits, or a certified head's row; raises when empty
     out: list[int] = []
     ttft, guarded = 0.0, 0
     proven = sample is greedy and not processors and score is None
     while True:
-        token = _proven_best(session, nxt, constraint) if proven else None
+        mask = constraint.allowed() if constraint is not None else None  # once per step
+        token = _proven_best(session, nxt, constraint, mask) if proven else None
         row = None
         if token is None:
-            row = _masked_row(full_logits(nxt), out, constraint, processors)
+            row = _masked_row(full_logits(nxt), out, mask, processors)
             if session.close_call(row):  # decide this close call on exact logits
                 lookahead.close()
                 guarded += session.heal()
-                nxt = session.editor.next_row
+                nxt = session.next_row()
                 continue
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
             token = int(np.asarray(sample(logprobs)).reshape(-1)[0])
@@ -107,23 +107,22 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
         nxt = lookahead.feed([token])
 
 
-def _proven_best(session: Session, nxt: Any, constraint: Any) -> int | None:
-    """The certified head's greedy id for this step, or None (no head row, a restraint to
-    weigh, or nothing certified): margin as wide as the guard's where rows are stale, so a
-    certified id is never a close call."""
+def _proven_best(session: Session, nxt: Any, constraint: Any,
+                 mask: np.ndarray | None) -> int | None:
+    """The certified head's greedy id among the ``mask``'s ids for this step, or None (no head
+    row, a restraint to weigh, or nothing certified): margin as wide as the guard's where rows
+    are stale, so a certified id is never a close call."""
     if not isinstance(nxt, HeadRow):
         return None
     if constraint is not None and constraint.weighs_logits():
         return None  # the restraint compares this step's member logits
-    mask = constraint.allowed() if constraint is not None else None
     stale = session.guard is not None and session.editor.inexact_rows().size > 0
     return nxt.best(mask, session.guard if stale else None)
 
 
-def _masked_row(logits: mx.array, out: list[int], constraint: Any,
+def _masked_row(logits: mx.array, out: list[int], mask: np.ndarray | None,
                 processors: tuple[LogitsProcessor, ...]) -> mx.array:
-    """The next id's logits ``(1, V)`` after the processors and the constraint's mask."""
-    mask = constraint.allowed() if constraint is not None else None
+    """The next id's logits ``(1, V)`` after the processors and the constraint's ``mask``."""
     row = logits[None]
     for process in processors:
         row = process(mx.array(out, dtype=mx.int32), row)
