@@ -67,10 +67,10 @@ import numpy as np
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
 from nexus_mlx.agent.session_decode import decode_reply
+from nexus_mlx.agent.session_report import LogprobRecorder
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.session_report import TokenLogprob as TokenLogprob  # re-exported
-from nexus_mlx.agent.session_report import token_logprob
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
     ParsedTurn,
@@ -113,7 +113,6 @@ lower than the prefix cache's (tools / delete / edit; 3.5x / 3.5x / 3.0x with th
 decoding); it fires on about 70% of them. Real guard-1.0 runs of the same 20 trajectories
 (``results/agent_session_qwen20_t*_guard1.json``) agree: 59 of 59, calls 39 of 39, TTFT 8.3x /
 4.0x / 3.9x. 0.35 is faster (16.7x / 4.3x / 6.4x) and lets one reply and one call through."""
-MAX_TOP_LOGPROBS = 20  # alternatives per id that ``logprobs`` may ask for (as OpenAI's API)
 Policy = Literal["exact", "repair"]
 POLICIES: tuple[str, ...] = ("exact", "repair")
 # allocators that read only the stale block's text and the query (not a dirty twin cache)
@@ -454,18 +453,9 @@ class Session:
         alternatives, in ``reply.logprobs``, and hand each to ``on_logprob`` as it is chosen."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            raise ArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
-                                f"{logprobs!r}")
-        scores: list[TokenLogprob] | None = None if logprobs is None else []
-        vocab_size = vocab_of(self.tokenizer).size  # ids past it (a padded head): no text
-
-        def score(row: mx.array, token: int) -> None:
-            assert scores is not None and logprobs is not None
-            scores.append(token_logprob(row, token, logprobs, vocab_size))
-            if on_logprob is not None:
-                on_logprob(scores[-1])
+        # ids past the tokenizer's vocabulary (a padded head) have no text: no alternatives
+        score = None if logprobs is None else LogprobRecorder(
+            logprobs, vocab_of(self.tokenizer).size, on_logprob)
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
                                      response_format, self.eos_token_ids, optional_margin)
         calls = tools and tool_choice != "none"  # whether the reply's text may hold calls
@@ -474,7 +464,7 @@ class Session:
             report = self.step(messages, tools)
             out, finish, ttft, guarded, drafts = decode_reply(
                 self, constraint, max_tokens, tuple(stop), bool(calls), sampler or greedy,
-                tuple(logits_processors), on_token, start, None if scores is None else score)
+                tuple(logits_processors), on_token, start, score)
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = cut_at_stop(text, stop, bool(calls))
@@ -487,7 +477,7 @@ class Session:
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
-                     parsed.errors, guarded, drafts, scores)
+                     parsed.errors, guarded, drafts, None if score is None else score.scores)
 
 
 def _parsed_reply(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any,

@@ -1,10 +1,12 @@
 """What a live session reports: :class:`StepReport` for each step, :class:`Reply` for each
 generation, :class:`TokenLogprob` for each generated id when asked (plain records;
-:mod:`.session` fills them in and re-exports them; :func:`token_logprob` makes the last)."""
+:mod:`.session` fills them in and re-exports them; :func:`token_logprob` makes the last, and a
+:class:`LogprobRecorder` keeps a reply's, checking how many alternatives were asked for)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -12,6 +14,9 @@ import numpy as np
 
 from nexus_mlx.decode.call_format import ParsedCall
 from nexus_mlx.decode.lookahead import LookaheadStats
+from nexus_mlx.errors import ArgumentError
+
+MAX_TOP_LOGPROBS = 20  # alternatives per id that ``logprobs`` may ask for (as OpenAI's API)
 
 
 @dataclass
@@ -80,3 +85,22 @@ def token_logprob(logits: mx.array, token: int, top: int, vocab_size: int) -> To
         best = [(int(picked[i]), float(values[i])) for i in order if np.isfinite(values[i])]
     chosen = float(np.asarray(row[token]))
     return TokenLogprob(int(token), chosen if math.isfinite(chosen) else -9999.0, tuple(best))
+
+
+class LogprobRecorder:
+    """``recorder(row, token)`` appends ``token``'s :class:`TokenLogprob` (``top`` alternatives,
+    ids below ``vocab_size``) to ``scores`` and hands it to ``on_logprob``; ``top`` outside
+    ``[0, MAX_TOP_LOGPROBS]`` is an :class:`ArgumentError`."""
+
+    def __init__(self, top: int, vocab_size: int,
+                 on_logprob: Callable[[TokenLogprob], None] | None = None) -> None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise ArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                                f"{top!r}")
+        self.top, self.vocab_size, self.on_logprob = top, vocab_size, on_logprob
+        self.scores: list[TokenLogprob] = []
+
+    def __call__(self, row: mx.array, token: int) -> None:
+        self.scores.append(token_logprob(row, token, self.top, self.vocab_size))
+        if self.on_logprob is not None:
+            self.on_logprob(self.scores[-1])

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nexus_mlx.agent.session_report import MAX_TOP_LOGPROBS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.messages import NAME, check_messages, check_tool_choice, check_tools
 
@@ -133,8 +134,10 @@ def _logit_bias(value: Any) -> dict[int, float]:
 
 
 def _top_logprobs(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
-        raise ArgumentError(f"top_logprobs must be an integer in [0, 20], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ArgumentError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                            f"{value!r}")
     return value
 
 
