@@ -12,6 +12,10 @@ same thing with the full projection, interleaved trial by trial (the order alter
 - ``session``: ``Session.generate`` on agent-shaped turns (free text, a forced tool call with a
   schema-constrained argument, a JSON reply under a ``response_format``), a fresh session per
   arm and trial, on and off (decode tokens per second, ``reply.decode_s``).
+- ``tool_call``: ``call_tool`` (the function-calling path: name FSM, schema-constrained
+  arguments with the optional members' restraint, copy drafts) on the first GitHub MCP queries
+  (``bench/github_queries.jsonl``), each over its gold tool and the three tools after it in the
+  registry, on and off (milliseconds per generated token after the prefill).
 
 The head is built whatever the library's :data:`~nexus_mlx.decode.certified_head.MIN_HEAD_WEIGHTS`
 (this benchmark's results set it). Correctness first: both arms' ids are identical before any
@@ -19,8 +23,9 @@ timing (the run stops otherwise).
 Ratios are full / certified medians of paired trials (> 1: the certified head is faster) with
 bootstrap CIs over trials. Final JSON line: ``{"head": {"certified_ms", "full_ms", "ratio",
 "ratio_ci", "certified_share", "steps"}, "generate": {"tok_s", "full_tok_s", "ratio",
-"ratio_ci", "certified_share"}, "session": {same}, "model", "model_info", "vocab", "hidden",
-"loadavg", ...}``; PNG beside it. ``--quick``: 2 prompts, 3 trials, 12 tokens.
+"ratio_ci", "certified_share"}, "session": {same}, "tool_call": {same}, "model", "model_info",
+"vocab", "hidden", "loadavg", ...}``; PNG beside it. ``--views a,b`` runs only those views.
+``--quick``: 2 prompts (and queries), 3 trials, 12 tokens.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from common import (  # first: loads nexus_mlx + fast BLAS
     median_ci,
     model_record,
     paired_ratio_ci,
+    shared_data,
 )
 
+import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -47,7 +55,9 @@ from nexus_mlx.agent.session import Session
 import nexus_mlx.decode.certified_head as certified_head_module
 from nexus_mlx.decode.certified_head import CertifiedHead
 from nexus_mlx.decode.generate import GenerationStats, generate_tokens, greedy
+from nexus_mlx.decode.tool_call import call_tool
 from nexus_mlx.models.forward import forward_last_hidden, lm_head, make_cache
+from nexus_mlx.tools.registry import load_tools
 
 PROMPTS = (
     "Explain how a hash map handles collisions.",
@@ -62,6 +72,9 @@ TIME_TOOL = {"type": "function", "function": {
 CITY = {"type": "json_schema", "json_schema": {"schema": {
     "type": "object", "properties": {"city": {"type": "string"}, "reason": {"type": "string"}},
     "required": ["city", "reason"]}}}
+
+
+VIEWS = ("head", "generate", "session", "tool_call")
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
@@ -182,6 +195,32 @@ def session_view(model: Any, tokenizer: Any, head: CertifiedHead, tokens: int,
     return rate_view(times, share)
 
 
+def tool_call_view(model: Any, tokenizer: Any, queries: int, trials: int) -> dict[str, Any]:
+    registry = load_tools(shared_data("github-mcp", "tools.json"))
+    names = [t.name for t in registry]
+    lines = (Path(__file__).parent / "github_queries.jsonl").read_text().splitlines()[:queries]
+    cases = []
+    for row in map(json.loads, lines):
+        at = names.index(row["tool"])
+        tools = [registry.get(names[(at + i) % len(names)]) for i in range(4)]
+        cases.append((row["query"], tools))
+
+    def run(on: bool) -> tuple[list[tuple[int, ...]], float, int]:
+        """Every call's ids, milliseconds per generated token after the prefill, ids certified."""
+        calls = [call_tool(model, tokenizer, q, tools, certified_head=on) for q, tools in cases]
+        seconds = sum(c.timings.total_s - c.timings.prefill_s for c in calls)
+        made = sum(len(c.tokens) for c in calls)
+        return [c.tokens for c in calls], seconds * 1e3 / made, sum(c.certified_tokens
+                                                                     for c in calls)
+
+    ours, _, certified = run(True)
+    if ours != run(False)[0]:
+        raise SystemExit("tool calls differ with and without the certified head")
+    share = certified / sum(len(ids) for ids in ours)
+    times = paired({"certified": lambda: run(True)[1], "full": lambda: run(False)[1]}, trials)
+    return rate_view(times, share)
+
+
 def draw(views: dict[str, dict[str, Any]], name: str, quick: bool) -> None:
     fig, ax = plots.figure()
     names = list(views)
@@ -198,7 +237,11 @@ def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
     parser.add_argument("--tag", default="", help="write results/certified_head_TAG.json")
+    parser.add_argument("--views", default=",".join(VIEWS), help=f"some of {VIEWS}")
     args = parser.parse_args()
+    wanted = [v for v in args.views.split(",") if v]
+    if not wanted or set(wanted) - set(VIEWS):
+        raise SystemExit(f"--views takes some of {VIEWS}, got {args.views!r}")
     name = "certified_head" + (f"_{args.tag}" if args.tag else "")
     started, load_start = time.perf_counter(), os.getloadavg()
     prompts = PROMPTS[:2] if args.quick else PROMPTS
@@ -209,12 +252,16 @@ def main() -> None:
     head = CertifiedHead.of(model)
     if head is None:
         raise SystemExit(f"model {args.model!r} has no certified head here (see the module)")
-    views = {"head": head_view(model, tokenizer, head, prompts, tokens, trials)}
-    print(f"head step: {views['head']['ratio']:.2f}x", flush=True)
-    views["generate"] = generate_view(model, tokenizer, prompts, tokens, trials)
-    print(f"generate: {views['generate']['ratio']:.2f}x", flush=True)
-    views["session"] = session_view(model, tokenizer, head, tokens, trials)
-    print(f"session: {views['session']['ratio']:.2f}x", flush=True)
+    run_view = {
+        "head": lambda: head_view(model, tokenizer, head, prompts, tokens, trials),
+        "generate": lambda: generate_view(model, tokenizer, prompts, tokens, trials),
+        "session": lambda: session_view(model, tokenizer, head, tokens, trials),
+        "tool_call": lambda: tool_call_view(model, tokenizer, len(prompts), trials),
+    }
+    views: dict[str, dict[str, Any]] = {}
+    for view in wanted:
+        views[view] = run_view[view]()
+        print(f"{view}: {views[view]['ratio']:.2f}x", flush=True)
     draw(views, name, args.quick)
     vocab, hidden = head.weight.shape
     emit(name, {**model_record(args.model, model), **views, "vocab": vocab, "hidden": hidden,

@@ -171,3 +171,56 @@ def test_session_replies_are_the_full_projections(default_model):
     assert [r.guarded for r in fast] == [r.guarded for r in full]
     assert fast[1].report.path == "repair" and fast[1].report.stale and fast[2].tool_calls
     assert head.stats.certified - before > sum(len(r.tokens) for r in fast) // 2
+
+
+def test_a_mask_narrower_than_the_head_allows_none_of_the_ids_past_it():
+    # a tokenizer's vocabulary may be narrower than the head (Qwen: 151,665 of 151,936 rows)
+    model = tiny_llama(seed=3)
+    head = CertifiedHead.of(model)
+    hidden = _hidden_states(model, 6, seed=3)
+    logits = np.asarray(lm_head(model, hidden)[0])
+    for i in range(6):
+        row = hidden[:, i: i + 1]
+        narrow = np.ones(MIN_VOCAB, dtype=bool)
+        top = head.top(row, 1, narrow)
+        if top is not None:
+            assert int(top.ids[0]) == int(np.argmax(logits[i, :MIN_VOCAB]))
+        assert head.top(row, 1, np.zeros(MIN_VOCAB, dtype=bool)) is None  # nothing allowed
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 3])
+def test_tool_calls_are_the_full_projections_on_the_default_model(default_model, github_tools_file,
+                                                                  draft_tokens):
+    """The name FSM over several tools, the schema-constrained arguments (with the optional
+    members' restraint, which reads full logits) and copy drafts: the same call, certified."""
+    from nexus_mlx.decode.tool_call import call_tool
+    from nexus_mlx.tools.registry import load_tools
+
+    model, tokenizer = default_model
+    github = load_tools(github_tools_file)
+    tools = [github.get(n) for n in ("create_repository", "list_issues", "get_me")]
+    request = "List the open issues of the repository octocat/hello-world"
+    fast = call_tool(model, tokenizer, request, tools, draft_tokens=draft_tokens)
+    full = call_tool(model, tokenizer, request, tools, draft_tokens=draft_tokens,
+                     certified_head=False)
+    assert (fast.tokens, fast.text, fast.name) == (full.tokens, full.text, full.name)
+    assert full.certified_tokens == 0 < fast.certified_tokens <= fast.sampled_tokens
+
+
+def test_a_constrained_steps_top_is_the_masked_argmax():
+    # only allowed rows compete: a sparse mask (fewer ids than the candidates) is certified
+    # whenever its best is clear, whatever the disallowed rows' bounds
+    model = tiny_llama(seed=4)
+    head = CertifiedHead.of(model)
+    hidden = _hidden_states(model, 8, seed=4)
+    logits = np.asarray(lm_head(model, hidden)[0])
+    rng = np.random.default_rng(4)
+    certified = 0
+    for i in range(8):
+        for density in (0.005, 0.2):
+            allowed = rng.random(8192) < density
+            top = head.top(hidden[:, i: i + 1], 1, allowed)
+            if top is not None:
+                assert int(top.ids[0]) == int(np.argmax(np.where(allowed, logits[i], -np.inf)))
+                certified += 1
+    assert certified >= 8  # at least the sparse masks

@@ -4,6 +4,7 @@ a budget, and unchanged after every rejected or failed step."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import jsonschema
@@ -475,13 +476,14 @@ def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
     s.step_ids(HISTORY[:50])
     state, logits = live_snapshot(s.cache), np.array(s.next_token_logits())
 
-    real = editor_module.forward_tail
+    generate_module = importlib.import_module("nexus_mlx.decode.generate")  # the package's
+    real = generate_module.forward_tail  # `generate` is the function; next_rows' pass
 
     def broken(*args, **kwargs):  # fails after writing its rows
         real(*args, **kwargs)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(editor_module, "forward_tail", broken)
+    monkeypatch.setattr(generate_module, "forward_tail", broken)
     with pytest.raises(RuntimeError, match="injected"):
         s.advance(3)
     with pytest.raises(RuntimeError, match="injected"):

@@ -46,9 +46,10 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.decode.certified_head import CertifiedHead, HeadRow, full_logits
+from nexus_mlx.decode.generate import next_rows
 from nexus_mlx.kv.regather import regather
 from nexus_mlx.kv.rope import reanchor
-from nexus_mlx.models.forward import forward, forward_hidden, forward_tail, make_cache
+from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.refresh.allocators import AllocationRequest, checked_selection, get_allocator
 from nexus_mlx.refresh.budget import budget_tokens
 from nexus_mlx.refresh.edit import Edit
@@ -183,13 +184,7 @@ class CacheEditor:
         keep, on_inexact = self.cache.n_past, bool(self._inexact.any())
         head = CertifiedHead.of(self.model) if self.certified_head else None
         try:
-            if head is None:
-                logits = forward_tail(self.model, list(tokens), self.cache, tail)
-                rows: Sequence[HeadRow | mx.array] = [logits[i] for i in range(tail)]
-            else:
-                hidden = forward_hidden(self.model, list(tokens), self.cache)[:, -tail:]
-                mx.eval(hidden)
-                rows = [HeadRow(head, hidden[:, i : i + 1]) for i in range(tail)]
+            rows = next_rows(self.model, list(tokens), self.cache, tail, head)
         except BaseException:
             self.cache.trim(min(keep, self.cache.n_past))
             raise

@@ -9,7 +9,7 @@ head is under :data:`MIN_HEAD_WEIGHTS` (there the scan saves less than a sequent
 costs against a pipelined one). ``top(hidden, n=1, allowed=None, margin=None)`` takes
 the last layer's hidden state of one position (``(1, 1, hidden)``, before the final norm) and
 returns a :class:`Top`: the ``n`` most likely ids (among the ``allowed`` ones, a constrained
-step's mask), best first, with their logits (float32, soft-capped as the model's head does), or
+step's mask, which may be narrower than the head: a tokenizer's vocabulary), best first, with their logits (float32, soft-capped as the model's head does), or
 None when it cannot certify them; the caller then computes the full logits
 (:func:`~nexus_mlx.models.forward.lm_head`). A certified top is the one the full float32
 projection gives: no other id's logit is within ``margin`` of the n-th best, and the n best are
@@ -24,9 +24,10 @@ d_r)``, ``|d_r| <= 1/2``); a step quantizes the normed hidden state ``x = s_q (q
 (``|e| <= 1/2``) likewise and computes every row's INT8 dot ``c_r . q`` with the native SIMD
 scan (a quarter of the float32 weight's bytes, the rows split over the cores). Expanding the product bounds each row's logit
 ``W[r] . x`` above by ``s_q s_r c_r . q + s_q (s_r (|q|_1 / 2 + D / 4) + s_r |c_r|_1 / 2)``. The
-``candidates`` rows with the highest bound get their exact float32 logits; the top is accepted
-when its n-th best exact logit exceeds the highest bound outside the candidates (with a relative
-slack for float32 rounding) by ``margin``: every other row is then below it. On this machine (2
+``candidates`` rows with the highest bound (among the allowed ones, on a constrained step) get
+their exact float32 logits; the top is accepted when its n-th best exact logit exceeds the
+highest bound outside the candidates (with a relative slack for float32 rounding) by
+``margin``: every other (allowed) row is then below it. On this machine (2
 cores, AVX-512 VNNI) a step over Qwen2.5-0.5B's 151,936 x 896 head takes 10.6 ms against
 24.5 ms for the float32 projection (both on two threads), and certifies every step of its
 greedy chat replies (``results/certified_head_qwen_threaded.json``); ``stats`` counts certified
@@ -126,22 +127,34 @@ class CertifiedHead:
             self.stats.refused += 1
             return None
         upper = self._upper_bounds(x)
+        if allowed is not None:  # only allowed rows compete (and are candidates)
+            upper = np.where(self._fitted(allowed), upper, np.float32(-np.inf))
         split = upper.size - self.candidates
         order = np.argpartition(upper, split - 1)
         ids, beyond = order[split:], float(upper[order[split - 1]])  # the rest are <= beyond
-        if allowed is not None:
-            ids = ids[allowed[ids]]
+        ids = ids[upper[ids] > -np.inf]
         exact = self.weight[ids] @ x  # (k,) float32
         ranked = np.argsort(-exact, kind="stable")[: n + 1]
         best = exact[ranked]
-        certified = best.size >= n and float(best[n - 1]) > beyond + ROUNDING_SLACK * abs(
-            beyond) + margin and bool(np.all(-np.diff(best) >= margin))
+        floor = beyond + ROUNDING_SLACK * abs(beyond) + margin if beyond > -np.inf else -np.inf
+        certified = best.size >= n and float(best[n - 1]) > floor and bool(
+            np.all(-np.diff(best) >= margin))
         if not certified:
             self.stats.refused += 1
             return None
         self.stats.certified += 1
         logits = np.asarray(softcap(self.model, mx.array(best[:n])), dtype=np.float32)
         return Top(ids[ranked[:n]].astype(np.int64), logits)
+
+    def _fitted(self, allowed: np.ndarray) -> np.ndarray:
+        """``allowed`` as ``(V,)`` bool over the head's rows: ids past a narrower mask (a
+        tokenizer's vocabulary) are not allowed."""
+        rows = self.weight.shape[0]
+        if allowed.shape[0] >= rows:
+            return allowed[:rows]
+        fitted = np.zeros(rows, dtype=bool)
+        fitted[: allowed.shape[0]] = allowed
+        return fitted
 
     def _upper_bounds(self, x: np.ndarray) -> np.ndarray:
         """``(V,)`` float32: above each row's logit ``W[r] . x`` (module docstring)."""

@@ -29,13 +29,14 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from nexus_mlx.decode.certified_head import CertifiedHead
+from nexus_mlx.decode.certified_head import CertifiedHead, HeadRow
 from nexus_mlx.decode.lookahead import Lookahead
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.forward import (
     decode_step,
     forward,
+    forward_hidden,
     forward_last_hidden,
     forward_tail,
     lm_head,
@@ -204,15 +205,31 @@ def _certified_greedy(
         hidden = forward_last_hidden(model, [tok], cache)
 
 
-def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int) -> Lookahead:
+def cache_lookahead(model: nn.Module, cache: NexusCache, draft_tokens: int,
+                    head: CertifiedHead | None = None) -> Lookahead:
     """A :class:`~.lookahead.Lookahead` that appends to ``cache`` at its cursor (and trims
     rejected drafts), drafting at most ``draft_tokens`` ids and never past the model's
-    positions."""
+    positions. Its rows are logits ``(V,)``, or :class:`~.certified_head.HeadRow` s of
+    ``head`` when one is given (a greedy decoder that reads the full logits only where the
+    head cannot certify its id)."""
     limit = model_plan(model).max_position
     room = None if limit is None else (lambda: int(limit) - cache.next_position)
-    return Lookahead(lambda ids, tail: forward_tail(model, ids, cache, tail),
-                     lambda n, _logits: cache.trim(cache.n_past - n), [],
+    return Lookahead(lambda ids, tail: next_rows(model, ids, cache, tail, head),
+                     lambda n, _row: cache.trim(cache.n_past - n), [],
                      max_draft=draft_tokens, room=room)
+
+
+def next_rows(model: nn.Module, tokens: Sequence[int], cache: NexusCache, tail: int,
+              head: CertifiedHead | None = None) -> Sequence[HeadRow | mx.array]:
+    """Append ``tokens`` at the cursor; the next-token rows of the last ``tail`` of them,
+    evaluated: logits ``(V,)`` each, or :class:`~.certified_head.HeadRow` s of ``head``."""
+    if head is None:
+        logits = forward_tail(model, tokens, cache, tail)
+        return [logits[i] for i in range(tail)]
+    hidden = (forward_hidden(model, tokens, cache) if tail > 1
+              else forward_last_hidden(model, tokens, cache))[:, -tail:]
+    mx.eval(hidden)
+    return [HeadRow(head, hidden[:, i: i + 1]) for i in range(tail)]
 
 
 def _stepwise(

@@ -36,7 +36,9 @@ and hold no placeholder text. With a ``strict``-compiled schema (every GitHub MC
 Seal-Tools schema) validity holds for every completed call by construction, and so does the
 absence of placeholders unless the grammar itself leaves no other string (e.g. a ``maxLength``
 that only fits ``"any"``), which ``errors`` then reports. The cache is advanced like ``generate_tokens`` leaves it: the prompt and every
-token of ``result.tokens`` but the last. Greedy by default; ``sampler`` is mlx-lm's.
+token of ``result.tokens`` but the last. Greedy by default; ``sampler`` is mlx-lm's. Greedy
+ids come from the model's certified head where it has one and can prove the id
+(:mod:`~.certified_head`; ``result.certified_tokens`` counts them): the same call, sooner.
 
 Prompt format (:func:`tool_call_prompt`): the tokenizer's chat template (``models.tokenizer.chat_text``:
 its plain transcript fallback when the tokenizer has none) with a system message
@@ -66,6 +68,7 @@ import mlx.nn as nn
 import numpy as np
 
 from nexus_mlx.decode.call_format import CALL_OPEN, renders_tools, textual_messages
+from nexus_mlx.decode.certified_head import CertifiedHead, HeadRow, full_logits
 from nexus_mlx.decode.generate import Sampler, cache_lookahead, greedy
 from nexus_mlx.decode.grounding import grounded_arguments
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema, ll_tokenizer
@@ -141,6 +144,7 @@ class ToolCallResult:
     dropped: dict[str, Any] = field(default_factory=dict)  # ungrounded optional arguments
     drafted_tokens: int = 0  # copied ids forwarded ahead of the decoder (lookahead)
     accepted_tokens: int = 0  # of them, the ones the decoder chose
+    certified_tokens: int = 0  # ids the certified head picked without the full projection
 
     @property
     def valid(self) -> bool:
@@ -213,7 +217,7 @@ def opened_call_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
 
 
 def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
-    row = mask_logits(logits[:, -1, :], mask)  # (1, V)
+    row = mask_logits(logits[None], mask)  # (1, V)
     logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
     token = sampler(logprobs)
     mx.eval(token)
@@ -221,26 +225,45 @@ def _sample(logits: mx.array, mask: mx.array, sampler: Sampler) -> int:
 
 
 class _Stream:
-    """The model side: tokens waiting to be forwarded, and logits once they are. Tokens go
-    through a :class:`~.lookahead.Lookahead`: where the output copies the prompt (a value
-    quoted from the request), the copy is drafted and verified, several tokens per pass."""
+    """The model side: tokens waiting to be forwarded, and the next token's row once they
+    are. Tokens go through a :class:`~.lookahead.Lookahead`: where the output copies the
+    prompt (a value quoted from the request), the copy is drafted and verified, several tokens
+    per pass. With a certified ``head`` (greedy decoding), rows are head rows: a masked step's
+    greedy id comes from the head where it can prove it (``certified`` counts those), the full
+    projection otherwise."""
 
-    def __init__(self, model: nn.Module, cache: NexusCache, draft_tokens: int) -> None:
+    def __init__(self, model: nn.Module, cache: NexusCache, draft_tokens: int,
+                 head: CertifiedHead | None) -> None:
         self.pending: list[int] = []
-        self.logits: mx.array | None = None
-        self.lookahead = cache_lookahead(model, cache, draft_tokens)
+        self.row: HeadRow | mx.array | None = None
+        self.lookahead = cache_lookahead(model, cache, draft_tokens, head)
+        self.certified = 0
 
     def push(self, tokens: Sequence[int]) -> None:
         self.pending.extend(int(t) for t in tokens)
-        self.logits = None if tokens else self.logits
+        self.row = None if tokens else self.row
+
+    def next_row(self) -> HeadRow | mx.array:
+        """The row after every token pushed (logits ``(V,)`` or a head row)."""
+        if self.pending:
+            self.row = self.lookahead.feed(self.pending)
+            self.pending = []
+        assert self.row is not None, "nothing pushed yet"
+        return self.row
 
     def next_logits(self) -> mx.array:
-        """Logits ``(1, 1, V)`` after every token pushed."""
-        if self.pending:
-            self.logits = self.lookahead.feed(self.pending)[None, None]
-            self.pending = []
-        assert self.logits is not None, "nothing pushed yet"
-        return self.logits
+        """Logits ``(V,)`` after every token pushed."""
+        return full_logits(self.next_row())
+
+    def choose(self, mask: np.ndarray, sampler: Sampler) -> int:
+        """The next id among ``mask``'s: certified by the head when it can, else sampled."""
+        row = self.next_row()
+        if isinstance(row, HeadRow):
+            token = row.best(mask)
+            if token is not None:
+                self.certified += 1
+                return token
+        return _sample(full_logits(row), mx.array(mask), sampler)
 
     def settle(self) -> None:
         """Forward every pending token but the last (the cache convention of the module) and
@@ -273,6 +296,7 @@ def generate_tool_call(
     quoted: str | None = None,
     ground_optional: bool = True,
     draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    certified_head: bool = True,
 ) -> ToolCallResult:
     """Generate one call to one of ``tools`` after ``prompt_tokens`` (module docstring).
     ``quoted``: the text the call answers (the request, tool results): values found in it are
@@ -280,7 +304,9 @@ def generate_tool_call(
     ``ground_optional`` an optional argument it does not support is dropped from the call
     (:mod:`~nexus_mlx.decode.grounding`; reported in ``result.dropped``). ``draft_tokens``:
     ids drafted per pass where the call copies its prompt (:mod:`~nexus_mlx.decode.lookahead`;
-    the call is the same, sooner; 0: one id per pass)."""
+    the call is the same, sooner; 0: one id per pass). ``certified_head``: greedy ids come
+    from the model's certified head where it proves them (:mod:`~.certified_head`; the same
+    call, sooner; off: every step projects in full)."""
     if not tools:
         raise ArgumentError("generate_tool_call needs at least one candidate tool")
     by_name = {t.qualified_name: t for t in tools}
@@ -294,7 +320,8 @@ def generate_tool_call(
     sampler = sampler or greedy
     cache = cache if cache is not None else make_cache(model)
     vocab = vocab_of(tokenizer)
-    stream = _Stream(model, cache, draft_tokens)
+    head = CertifiedHead.of(model) if certified_head and sampler is greedy else None
+    stream = _Stream(model, cache, draft_tokens, head)
     start = time.perf_counter()
     name_tokens: list[int] = []
     name_us: list[float] = []
@@ -306,11 +333,11 @@ def generate_tool_call(
         name = next(iter(by_name))
         name_tokens = list(tokenizer.encode(name + NAME_GLUE, add_special_tokens=False))
         stream.push(name_tokens)
-        mx.eval(stream.next_logits())
+        stream.next_row()
         prefill_s = time.perf_counter() - start
     else:
         fsm = NameFSM(list(by_name), vocab, terminator=NAME_GLUE)
-        mx.eval(stream.next_logits())
+        stream.next_row()
         prefill_s = time.perf_counter() - start
         while not fsm.is_complete():
             rest = fsm.remaining()
@@ -324,9 +351,9 @@ def generate_tool_call(
                 fsm.reset()
                 fsm.accept_tokens(name_tokens)
             t0 = time.perf_counter()
-            mask = fsm.allowed_mask_mx()
+            allowed = fsm.allowed_mask()
             name_us.append((time.perf_counter() - t0) * 1e6)
-            token = _sample(stream.next_logits(), mask, sampler)
+            token = stream.choose(allowed, sampler)
             sampled += 1
             if not fsm.accept_token(token):
                 raise AssertionError(f"sampler chose masked token {token}")
@@ -363,13 +390,15 @@ def generate_tool_call(
         t0 = time.perf_counter()
         token_or_none = constraint.closing_token() if closing else None
         if token_or_none is None:
-            mask = mx.array(constraint.allowed_mask())
+            allowed = constraint.allowed_mask()
             choice = constraint.member_choice() if optional_margin > 0 else None
             args_us.append((time.perf_counter() - t0) * 1e6)
-            logits = stream.next_logits()
-            token = _sample(logits, mask, sampler)
-            if choice is not None:
-                row = np.asarray(logits[0, -1].astype(mx.float32))  # (V,)
+            if choice is None:
+                token = stream.choose(allowed, sampler)
+            else:  # the restraint weighs this step's member logits: the full projection
+                logits = stream.next_logits()
+                token = _sample(logits, mx.array(allowed), sampler)
+                row = np.asarray(logits.astype(mx.float32))  # (V,)
                 token = restrained(token, row, choice, optional_margin)
             sampled += 1
         else:
@@ -414,6 +443,7 @@ def generate_tool_call(
         dropped=dropped,
         drafted_tokens=stream.lookahead.stats.drafted,
         accepted_tokens=stream.lookahead.stats.accepted,
+        certified_tokens=stream.certified,
     )
 
 
