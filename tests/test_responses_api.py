@@ -1,8 +1,8 @@
 """``POST /v1/responses`` over loopback with the real ``openai`` client: whole and streamed
 answers agree (the stream read by the client's own accumulator), calls and their results round
 trip through the live session, a response continued by ``previous_response_id`` answers as the
-whole conversation sent again does, stored responses are read back and deleted, and what the
-server cannot honour is refused by name."""
+whole conversation sent again does, stored responses are read back (and their input items
+listed, page by page) and deleted, and what the server cannot honour is refused by name."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ from test_server import TINY_CONTEXT, TINY_SCHEMAS, _tiny_llama, client, http  #
 from nexus_mlx.errors import ArgumentError  # noqa: E402
 from nexus_mlx.server import serve  # noqa: E402
 from nexus_mlx.server.protocol import ApiError  # noqa: E402
-from nexus_mlx.server.response_store import ResponseStore  # noqa: E402
+from nexus_mlx.server.response_store import (  # noqa: E402
+    ResponseStore,
+    StoredResponse,
+    input_items_page,
+)
 from nexus_mlx.server.responses_api_request import parse_responses_request  # noqa: E402
 
 TOOLS = [{"type": "function", "name": name, "parameters": schema}
@@ -332,3 +336,51 @@ def test_the_store_drops_the_least_recently_used():
     assert not off.enabled and off.get("a") is None
     with pytest.raises(ArgumentError):
         ResponseStore(-1)
+
+
+def test_a_responses_input_items_are_listed_page_by_page(server):
+    c = client(server)
+    first, call, result = _call_then_result(c)
+    second = c.responses.create(model="tiny", previous_response_id=first.id, input=result,
+                                tool_choice="none", max_output_tokens=4)
+    third = c.responses.create(model="tiny", previous_response_id=second.id,
+                               input="And in Lima?", max_output_tokens=2)
+    listed = list(c.responses.input_items.list(third.id, order="asc", limit=2))  # 3 pages
+    assert [item.type for item in listed] == [
+        "message", "function_call", "function_call_output", "message", "message"]
+    assert listed[0].content[0].text == "What time is it in Tokyo?"
+    assert listed[1].id == call.id and listed[1].arguments == call.arguments
+    assert listed[3].id == second.output[0].id  # the second response's own output item
+    assert listed[4].role == "user" and listed[4].content[0].type == "input_text"
+    ids = [item.id for item in listed]
+    assert len(set(ids)) == 5 and all(ids)
+    # the same ids on every read, newest first by default; an earlier response lists its own
+    newest = c.responses.input_items.list(third.id)
+    assert [item.id for item in newest.data] == ids[::-1] and not newest.has_more
+    assert [item.id for item in c.responses.input_items.list(second.id, order="asc")] == ids[:3]
+    for query, code in (("limit=0", 400), ("limit=x", 400), ("order=up", 400),
+                        ("after=msg_nothing", 400)):
+        status, body = http(server, f"/v1/responses/{third.id}/input_items?{query}")
+        assert status == code and body["error"]["type"] == "invalid_request_error", query
+    assert http(server, "/v1/responses/resp_nothing/input_items")[0] == 404
+
+
+def test_input_items_take_ids_once_and_page_after_one():
+    store = ResponseStore()
+    given = [{"type": "message", "role": "user", "content": "hi"},
+             {"type": "function_call_output", "call_id": "c1", "output": "4"}]
+    output = [{"id": "msg_out", "type": "message", "role": "assistant", "content": []}]
+    store.put({"id": "r", "output": output}, [*given, *output])
+    stored = store.get("r")
+    assert isinstance(stored, StoredResponse) and len(stored.input_items) == 2
+    first, second = stored.input_items
+    assert first["id"].startswith("msg_") and second["id"].startswith("fco_")
+    assert "id" not in given[0]  # stored as a copy, the caller's item untouched
+    page = input_items_page(stored, limit=1, order="asc")
+    assert [i["id"] for i in page["data"]] == [first["id"]] and page["has_more"]
+    rest = input_items_page(stored, after=page["last_id"], limit=1, order="asc")
+    assert rest["data"][0]["output"] == "4" and rest["data"][0]["status"] == "completed"
+    assert not rest["has_more"] and rest["first_id"] == rest["last_id"] == second["id"]
+    for bad in ({"limit": 101}, {"limit": True}, {"order": "newest"}, {"after": "x"}):
+        with pytest.raises(ArgumentError):
+            input_items_page(stored, **bad)

@@ -15,8 +15,9 @@ Contract: ``build_app(engine, model_names, executor, store)`` serves
   (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
   its typed events (:mod:`.answers`). Finished responses are kept in ``store``
   (:mod:`.response_store`), so ``previous_response_id`` can continue one;
-  ``GET /v1/responses/{id}`` reads one back and ``DELETE /v1/responses/{id}`` forgets it (an
-  unknown id: HTTP 404).
+  ``GET /v1/responses/{id}`` reads one back, ``GET /v1/responses/{id}/input_items`` lists
+  the items it answered (``after``, ``limit``, ``order``: :mod:`.response_store`)
+  and ``DELETE /v1/responses/{id}`` forgets it (an unknown id: HTTP 404).
 - ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters, the
   pool's sessions and bytes, and how many responses are stored).
 
@@ -46,12 +47,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nexus_mlx.errors import NexusError
+from nexus_mlx.errors import ArgumentError, NexusError
 from nexus_mlx.server import responses as R
 from nexus_mlx.server.answers import Answer, ChatAnswer, ResponsesAnswer
 from nexus_mlx.server.engine import Engine, Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
-from nexus_mlx.server.response_store import ResponseStore
+from nexus_mlx.server.response_store import DEFAULT_PAGE_ITEMS, ResponseStore, input_items_page
 from nexus_mlx.server.responses import Completion
 from nexus_mlx.server.responses_api_request import parse_responses_request, responses_error
 from nexus_mlx.server.stream import ReplyAssembler
@@ -209,6 +210,15 @@ async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
+def _int_param(value: str | None, default: int, name: str) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ArgumentError(f"{name} must be an integer, got {value!r:.40}") from None
+
+
 def build_app(engine: Engine, model_names: list[str], executor: Executor,
               store: ResponseStore | None = None) -> Starlette:
     """The Starlette app (see the module docstring); ``store``: a default one if None."""
@@ -238,6 +248,21 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor,
                                    "response_id", "not_found"))
         return JSONResponse(found.body)
 
+    async def input_items(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        found = store.get(response_id)
+        if found is None:
+            return _error(ApiError(404, f"Response with id {response_id!r:.80} not found.",
+                                   "response_id", "not_found"))
+        query = request.query_params
+        try:
+            limit = _int_param(query.get("limit"), DEFAULT_PAGE_ITEMS, "limit")
+            page = input_items_page(found, query.get("after"), limit,
+                                    query.get("order", "desc"))
+        except ArgumentError as exc:
+            return _error(ApiError(400, str(exc)))
+        return JSONResponse(page)
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": model_names, **engine.stats(),
                              "stored_responses": len(store)})
@@ -252,6 +277,7 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor,
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
         Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/v1/responses/{response_id}", stored, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

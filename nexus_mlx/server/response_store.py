@@ -10,12 +10,21 @@ the API does not carry them over to the next turn). ``get(id)`` returns the
 ``max_responses`` bounds the store: past it, the least recently used response (stored, read or
 continued) is dropped, and its id is unknown from then on; 0 stores nothing. Items are shared,
 not copied, between the responses of one conversation, so a chain of N turns costs N lists of
-references. Safe from any thread (one lock). It knows nothing about HTTP or generation.
+references; an item stored without an ``id`` is stored as a copy that has one (``msg_...``,
+``fc_...``, ``fco_...`` by its type), kept from then on.
+``StoredResponse.input_items`` are the items the response answered (all but its own output),
+and :func:`input_items_page` is one page of them as ``GET /v1/responses/{id}/input_items``
+lists them: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``, newest first
+unless ``order="asc"``, at most ``limit`` (1-100, default 20) items after the item ``after``;
+a message's string content is listed as one text part, and every item has a ``status``. A bad
+``limit``, ``order`` or an ``after`` that is no item of the response raises ArgumentError.
+Safe from any thread (one lock). It knows nothing about HTTP or generation.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,12 +33,20 @@ from typing import Any
 from nexus_mlx.errors import ArgumentError
 
 DEFAULT_MAX_RESPONSES = 1024
+DEFAULT_PAGE_ITEMS = 20
+MAX_PAGE_ITEMS = 100
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
 @dataclass(frozen=True)
 class StoredResponse:
     body: Mapping[str, Any]  # the response object as answered
     items: tuple[Mapping[str, Any], ...]  # the conversation a continuation starts from
+
+    @property
+    def input_items(self) -> tuple[Mapping[str, Any], ...]:
+        """The items this response answered: its conversation but its own output."""
+        return self.items[: len(self.items) - len(self.body.get("output") or ())]
 
 
 class ResponseStore:
@@ -55,7 +72,7 @@ class ResponseStore:
         if not self.enabled:
             return
         with self._lock:
-            self._stored[str(body["id"])] = StoredResponse(body, tuple(items))
+            self._stored[str(body["id"])] = StoredResponse(body, tuple(map(_with_id, items)))
             self._stored.move_to_end(str(body["id"]))
             while len(self._stored) > self.max_responses:
                 self._stored.popitem(last=False)
@@ -70,3 +87,44 @@ class ResponseStore:
     def delete(self, response_id: str) -> bool:
         with self._lock:
             return self._stored.pop(response_id, None) is not None
+
+
+def _with_id(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``item`` itself when it has an id, else a copy with a new one."""
+    if "id" in item:
+        return item
+    prefix = _ID_PREFIX.get(str(item.get("type", "message")), "item")
+    return {"id": f"{prefix}_{uuid.uuid4().hex}", **item}
+
+
+def input_items_page(stored: StoredResponse, after: str | None = None,
+                     limit: int = DEFAULT_PAGE_ITEMS, order: str = "desc") -> dict[str, Any]:
+    """One page of ``stored``'s input items (module docstring)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_ITEMS:
+        raise ArgumentError(f"limit must be an integer from 1 to {MAX_PAGE_ITEMS}, got "
+                            f"{limit!r:.40}")
+    if order not in ("asc", "desc"):
+        raise ArgumentError(f"order must be 'asc' or 'desc', got {order!r:.40}")
+    items = list(stored.input_items if order == "asc" else reversed(stored.input_items))
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise ArgumentError(f"after {after!r:.80} is no input item of this response")
+        start = ids.index(after) + 1
+    page = [_listed(item) for item in items[start: start + limit]]
+    return {"object": "list", "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": start + limit < len(items)}
+
+
+def _listed(item: Mapping[str, Any]) -> dict[str, Any]:
+    """``item`` as the API lists it: a message's string content as one text part, a status."""
+    listed = {"status": "completed", **item}
+    if listed.get("type", "message") == "message":
+        listed["type"] = "message"
+        if isinstance(listed.get("content"), str):
+            kind = "output_text" if listed.get("role") == "assistant" else "input_text"
+            listed["content"] = [{"type": kind, "text": listed["content"]}]
+    return listed
