@@ -163,14 +163,16 @@ def test_session_replies_are_the_full_projections(default_model):
 
     model, tokenizer = default_model
     head = CertifiedHead.of(model)
-    before = head.stats.certified
+    before = (head.stats.certified, head.stats.refused)
     # a narrow guard: the repaired turn decodes over stale rows (a wide one heals them first)
     fast = _turns(Session(model, tokenizer, guard=0.05))
     full = _turns(Session(model, tokenizer, guard=0.05, certified_head=False))
     assert [r.tokens for r in fast] == [r.tokens for r in full]
     assert [r.guarded for r in fast] == [r.guarded for r in full]
     assert fast[1].report.path == "repair" and fast[1].report.stale and fast[2].tool_calls
-    assert head.stats.certified - before > sum(len(r.tokens) for r in fast) // 2
+    # forced ids (a call's opener, JSON the grammar fixes) read no row; most rows read certify
+    certified, refused = head.stats.certified - before[0], head.stats.refused - before[1]
+    assert certified > 4 * refused and certified >= 20
 
 
 def test_a_mask_narrower_than_the_head_allows_none_of_the_ids_past_it():

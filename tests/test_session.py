@@ -16,6 +16,7 @@ from tiny_models import VOCAB, tiny_model
 
 import nexus_mlx.agent.cache_editor as editor_module
 import nexus_mlx.agent.session as session_module
+import nexus_mlx.agent.session_decode as decode_module
 from nexus_mlx.agent.session import DEFAULT_GUARD, Session
 from nexus_mlx.agent.session_report import token_logprob
 from nexus_mlx.errors import ArgumentError
@@ -288,6 +289,32 @@ def test_tool_turns_in_the_call_format_on_a_template_without_tools(default_model
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
         max_tokens=24)
     assert isinstance(json.loads(shaped.text)["city"], str) and shaped.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_current_time"}}])
+def test_forced_ids_are_fed_in_one_pass(default_model, monkeypatch, choice):
+    """A call's opener, closer and the JSON the grammar fixes are fed together: fewer passes,
+    the same call, and a cache equal to a fresh prefill of the reply's ids."""
+    model, tokenizer = default_model
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+
+    def reply(runs: bool):
+        monkeypatch.setattr(decode_module, "FEED_FORCED_RUNS", runs)
+        s = Session(model, tokenizer, draft_tokens=0)
+        return s, s.generate(ask, [TIME_TOOL, LOG_TOOL], tool_choice=choice, max_tokens=48,
+                             parallel_tool_calls=False)
+
+    (s, fast), (_, slow) = reply(True), reply(False)
+    assert fast.tool_calls == slow.tool_calls and fast.tool_calls
+    assert fast.finish_reason == slow.finish_reason == "tool_calls"
+    assert fast.drafts.passes < slow.drafts.passes - 8  # the opener, the name, the closer...
+    assert slow.drafts.passes == len(slow.tokens) - 1  # one id per pass (no drafts)
+    fresh = make_cache(model)
+    want = forward(model, s.cache.tokens[: s.cache.n_past].tolist(), fresh, logits="last")
+    assert max_diff(s.next_token_logits(), want[0, -1]) <= TOL
+    for layer in (0, len(model.model.layers) - 1):
+        assert max_diff(s.cache.keys(layer), fresh.keys(layer)) <= TOL
 
 
 def _nudge(tokenizer, start: str = "<tool_call>"):

@@ -4,7 +4,10 @@ Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, p
 on_token, start, score=None)`` decodes from the session's live cache, after a step, one token
 at a time under the turn's ``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from
-exact logits), then the sampler and the constraint's restraint. A greedy step that needs no
+exact logits), then the sampler and the constraint's restraint. Ids the constraint forces (a
+call's opener and closer, JSON the grammar leaves no choice over: ``constraint.forced()``) are
+taken without reading a row and fed in one pass (:data:`FEED_FORCED_RUNS`), unless ``score``
+needs each row. A greedy step that needs no
 logits beyond the best id (no processors, no ``score``, no restraint to weigh) takes the id
 from the session's certified head when it proves it (:mod:`~nexus_mlx.decode.certified_head`:
 the best allowed id, ahead of every other by the guard's margin where rows are stale, so no
@@ -43,6 +46,10 @@ from nexus_mlx.decode.name_fsm import mask_logits
 if TYPE_CHECKING:
     from nexus_mlx.agent.session import Sampler, Session
 
+FEED_FORCED_RUNS = True
+"""Feed a run of ids the constraint forces (a call's opener and closer, the JSON the grammar
+leaves no choice over) in one pass; False: one id per pass, as a sampled id (a baseline)."""
+
 
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
                  calls: bool, sample: Sampler, processors: tuple[LogitsProcessor, ...],
@@ -71,7 +78,28 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
     out: list[int] = []
     ttft, guarded = 0.0, 0
     proven = sample is greedy and not processors and score is None
+    runs = FEED_FORCED_RUNS and constraint is not None and score is None
     while True:
+        run = constraint.forced() if runs else []
+        if run:  # ids the constraint leaves no choice over: no row read, one pass for all
+            fed = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
+            pending: list[int] = []
+            while run:
+                for token in run:
+                    if not out:
+                        ttft = time.perf_counter() - start
+                    out.append(token)
+                    constraint.accept(token)
+                    finish = _finish(session, out, token, on_token, stop, calls, max_tokens,
+                                     fed + len(pending))
+                    if finish is not None:
+                        if pending:  # every id but the last is cached
+                            lookahead.feed(pending)
+                        return out, finish, ttft, guarded
+                    pending.append(token)
+                run = constraint.forced()
+            nxt = lookahead.feed(pending)
+            continue
         mask = constraint.allowed() if constraint is not None else None  # once per step
         token = _proven_best(session, nxt, constraint, mask) if proven else None
         row = None
@@ -91,20 +119,31 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
         out.append(token)
         if constraint is not None:
             constraint.accept(token)
-        if token in session.eos_token_ids:
-            return out, "stop", ttft, guarded
-        if score is not None and row is not None:  # with a score, every row is projected
-            score(row[0], token)
-        if on_token is not None or stop:
-            text = session.tokenizer.decode(out)
-            if on_token is not None:
-                on_token(token, text)
-            if stop and cut_at_stop(text, stop, calls) != text:
-                return out, "stop_string", ttft, guarded
-        held = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
-        if len(out) >= max_tokens or held + 1 >= session.max_positions:
-            return out, "length", ttft, guarded
+        if score is not None and row is not None and token not in session.eos_token_ids:
+            score(row[0], token)  # with a score, every row is projected
+        finish = _finish(session, out, token, on_token, stop, calls, max_tokens,
+                         session.cache.n_past - lookahead.ahead)
+        if finish is not None:
+            return out, finish, ttft, guarded
         nxt = lookahead.feed([token])
+
+
+def _finish(session: Session, out: list[int], token: int,
+            on_token: Callable[[int, str], None] | None, stop: tuple[str, ...], calls: bool,
+            max_tokens: int, fed: int) -> str | None:
+    """Why the reply ends at ``token`` (its last id, not fed yet; ``fed``: the reply's rows
+    the cache holds before it), or None: an end-of-turn id, a stop string, the length."""
+    if token in session.eos_token_ids:
+        return "stop"
+    if on_token is not None or stop:
+        text = session.tokenizer.decode(out)
+        if on_token is not None:
+            on_token(token, text)
+        if stop and cut_at_stop(text, stop, calls) != text:
+            return "stop_string"
+    if len(out) >= max_tokens or fed + 1 >= session.max_positions:
+        return "length"
+    return None
 
 
 def _proven_best(session: Session, nxt: Any, constraint: Any,

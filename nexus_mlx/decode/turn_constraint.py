@@ -19,6 +19,8 @@ Contract:
   ``tool_choice`` takes precedence over a ``response_format`` (the turn holds calls alone).
 
 Each has ``allowed()`` (the bool mask ``(V,)`` of the next token, or None when anything goes),
+``forced()`` (the ids that must come next, the grammar's fast-forward included, so a decoder
+may feed them in one pass without reading a row; empty where the model has a choice),
 ``restrain(token, logits)`` (the optional-argument restraint: ``optional_margin`` nats, as
 ``generate_tool_call``'s: a call's arguments take a member past the required ones only where the
 model prefers it clearly; 0 turns it off; ``weighs_logits()`` says whether it reads the step's
@@ -112,6 +114,13 @@ class TurnConstraint:
             mask[self._opener[0]] = False
             return mask
         return None
+
+    def forced(self) -> list[int]:
+        """The ids that must come next, whatever the model prefers (empty when it has a
+        choice): the rest of a call's opener or closer, or what the grammar forces."""
+        if self._forced:
+            return list(self._forced)
+        return self._json.forced_tokens() if self._json is not None else []
 
     def member_choice(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Where a call's arguments may end or take another member: (ending ids, going-on
@@ -235,6 +244,9 @@ class ResponseConstraint:
             return mask
         return self._json.allowed_mask()
 
+    def forced(self) -> list[int]:
+        return self._json.forced_tokens()
+
     def weighs_logits(self) -> bool:
         return False
 
@@ -282,6 +294,9 @@ class CallsOrResponse:
         opener, value = self._calls.allowed(), self._response.allowed()
         assert opener is not None and value is not None  # both constrain their first token
         return opener | value
+
+    def forced(self) -> list[int]:
+        return [] if self._chosen is None else self._chosen.forced()
 
     def weighs_logits(self) -> bool:
         return self._chosen is not None and self._chosen.weighs_logits()
