@@ -47,6 +47,7 @@ from report_format import (  # fmt, fmt_ci, fmt_pct: also the public number form
 )
 from report_agents import (
     agent_run_section,
+    forced_runs_section,
     function_calling_section,
     guard_sweep_section,
     ir_hints_section,
@@ -139,6 +140,8 @@ BENCHES: tuple[Bench, ...] = (
           session_copies_section, variants=True),
     Bench("lookahead", "Live sessions: copy drafts verified per pass", AGENTS,
           lookahead_section, variants=True),
+    Bench("forced_runs", "Live sessions: forced ids fed in one pass", AGENTS,
+          forced_runs_section, variants=True),
     Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
           guard_sweep_section, variants=True,
           command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "

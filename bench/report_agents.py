@@ -252,3 +252,18 @@ def lookahead_section(d: dict[str, Any]) -> list[str]:
             " arms interleaved on fresh sessions; decode time from the first id to the last.",
             ""] + table(["replies", "n", "identical", "one id per pass ms", "drafted ms",
                          "speed-up", "accepted / drafted", "ids per pass"], rows)
+
+
+def forced_runs_section(d: dict[str, Any]) -> list[str]:
+    """``forced_runs``: session replies with forced ids fed in one pass vs one id per pass."""
+    turns = mapping(d, "turns")
+    rows = [[name, fmt(t.get("same")), fmt(t.get("off_ms"), ".0f"), fmt(t.get("on_ms"), ".0f"),
+             f"{fmt(t.get('ratio'), '.2f')} {fmt_ci(t.get('ratio_ci'), '.2f')}",
+             f"{fmt(t.get('passes_off'))} -> {fmt(t.get('passes_on'))}", fmt(t.get("ids_on"))]
+            for name, t in ((k, mapping(turns, k)) for k in turns)]
+    return [f"Replies of up to {fmt(d.get('max_tokens'))} ids on fresh sessions stepped to the "
+            f"prompt, {fmt(d.get('trials'))} paired trials; overall ratio "
+            f"{fmt(get(d, 'overall', 'ratio'), '.2f')} "
+            f"{fmt_ci(get(d, 'overall', 'ratio_ci'), '.2f')}.",
+            ""] + table(["turn", "same reply", "one id per pass ms", "forced runs ms",
+                         "ratio [95% CI]", "passes", "ids"], rows)

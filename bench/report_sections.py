@@ -444,7 +444,8 @@ def micro_section(d: dict[str, Any]) -> list[str]:
 
 def certified_head_section(d: dict[str, Any]) -> list[str]:
     views = (("head", "one head step", "ms"), ("generate", "generate_tokens", "ms_per_token"),
-             ("session", "Session.generate", "ms_per_token"))
+             ("session", "Session.generate", "ms_per_token"),
+             ("tool_call", "generate_tool_call", "ms_per_token"))
     rows = [[label, fmt(get(d, view, f"certified_{unit}"), ".1f"),
              fmt(get(d, view, f"full_{unit}"), ".1f"), fmt(get(d, view, "ratio"), ".2f"),
              fmt_ci(get(d, view, "ratio_ci"), ".2f"), fmt(get(d, view, "certified_share"), ".2f")]
