@@ -317,6 +317,22 @@ def test_forced_ids_are_fed_in_one_pass(default_model, monkeypatch, choice):
         assert max_diff(s.cache.keys(layer), fresh.keys(layer)) <= TOL
 
 
+@pytest.mark.parametrize("max_tokens", [1, 2, 4, 7])
+def test_a_reply_cut_inside_a_forced_run_caches_every_id_but_its_last(default_model,
+                                                                      max_tokens):
+    model, tokenizer = default_model
+    s = Session(model, tokenizer, draft_tokens=0)
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    whole = s.generate(ask, [TIME_TOOL], tool_choice="required", max_tokens=48)
+    cut = s.generate(ask, [TIME_TOOL], tool_choice="required", max_tokens=max_tokens)
+    assert cut.finish_reason == "length" and cut.tokens == whole.tokens[:max_tokens]
+    held = s.cache.tokens[: s.cache.n_past].tolist()
+    assert held[len(held) - (max_tokens - 1):] == cut.tokens[:-1]
+    fresh = make_cache(model)
+    want = forward(model, held, fresh, logits="last")
+    assert max_diff(s.next_token_logits(), want[0, -1]) <= TOL
+
+
 def _nudge(tokenizer, start: str = "<tool_call>"):
     """A logits processor that leads the reply to begin with ``start`` (by default a call's
     opener); the model decides the rest."""

@@ -82,23 +82,11 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
     while True:
         run = constraint.forced() if runs else []
         if run:  # ids the constraint leaves no choice over: no row read, one pass for all
-            fed = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
-            pending: list[int] = []
-            while run:
-                for token in run:
-                    if not out:
-                        ttft = time.perf_counter() - start
-                    out.append(token)
-                    constraint.accept(token)
-                    finish = _finish(session, out, token, on_token, stop, calls, max_tokens,
-                                     fed + len(pending))
-                    if finish is not None:
-                        if pending:  # every id but the last is cached
-                            lookahead.feed(pending)
-                        return out, finish, ttft, guarded
-                    pending.append(token)
-                run = constraint.forced()
-            nxt = lookahead.feed(pending)
+            ttft = ttft if out else time.perf_counter() - start
+            finish, nxt = _take_forced(session, lookahead, constraint, run, out, on_token, stop,
+                                       calls, max_tokens)
+            if finish is not None:
+                return out, finish, ttft, guarded
             continue
         mask = constraint.allowed() if constraint is not None else None  # once per step
         token = _proven_best(session, nxt, constraint, mask) if proven else None
@@ -128,11 +116,34 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
         nxt = lookahead.feed([token])
 
 
+def _take_forced(session: Session, lookahead: Lookahead, constraint: Any, run: list[int],
+                 out: list[int], on_token: Callable[[int, str], None] | None,
+                 stop: tuple[str, ...], calls: bool, max_tokens: int) -> tuple[str | None, Any]:
+    """Append the forced ``run`` to ``out`` (and the runs it leads to), then feed them in one
+    pass: ``(None, the row after them)``, or ``(why the reply ends, None)`` with every id but
+    the reply's last fed."""
+    fed = session.cache.n_past - lookahead.ahead  # rows of the ids fed, drafts aside
+    pending: list[int] = []
+    while run:
+        for token in run:
+            out.append(token)
+            constraint.accept(token)
+            finish = _finish(session, out, token, on_token, stop, calls, max_tokens,
+                             fed + len(pending))
+            if finish is not None:
+                if pending:
+                    lookahead.feed(pending)
+                return finish, None
+            pending.append(token)
+        run = constraint.forced()
+    return None, lookahead.feed(pending)
+
+
 def _finish(session: Session, out: list[int], token: int,
             on_token: Callable[[int, str], None] | None, stop: tuple[str, ...], calls: bool,
             max_tokens: int, fed: int) -> str | None:
-    """Why the reply ends at ``token`` (its last id, not fed yet; ``fed``: the reply's rows
-    the cache holds before it), or None: an end-of-turn id, a stop string, the length."""
+    """Why the reply ends at ``token`` (its last id, not fed; ``fed``: the rows the cache will
+    hold without it), or None: an end-of-turn id, a stop string, the length."""
     if token in session.eos_token_ids:
         return "stop"
     if on_token is not None or stop:
