@@ -221,18 +221,6 @@ def tool_call_view(model: Any, tokenizer: Any, queries: int, trials: int) -> dic
     return rate_view(times, share)
 
 
-def draw(views: dict[str, dict[str, Any]], name: str, quick: bool) -> None:
-    fig, ax = plots.figure()
-    names = list(views)
-    ratios = [views[n]["ratio"] for n in names]
-    ax.bar(names, ratios, yerr=plots.error_bars(ratios, [views[n]["ratio_ci"] for n in names]),
-           capsize=4)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_ylabel("full projection / certified head (median ratio)")
-    ax.set_title("greedy decoding: certified head speed-up")
-    plots.save(fig, name, quick)
-
-
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
@@ -262,7 +250,8 @@ def main() -> None:
     for view in wanted:
         views[view] = run_view[view]()
         print(f"{view}: {views[view]['ratio']:.2f}x", flush=True)
-    draw(views, name, args.quick)
+    plots.ratio_bars(views, "full projection / certified head (median ratio)",
+                     "greedy decoding: certified head speed-up", name, args.quick)
     vocab, hidden = head.weight.shape
     emit(name, {**model_record(args.model, model), **views, "vocab": vocab, "hidden": hidden,
                 "candidates": head.candidates, "margin": head.margin, "trials": trials,

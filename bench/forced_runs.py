@@ -85,18 +85,6 @@ def measure(model: Any, tokenizer: Any, turn: dict[str, Any], trials: int) -> di
             "ids_on": len(on.tokens), "ids_off": len(off.tokens), "trials_ms": times}
 
 
-def draw(turns: dict[str, dict[str, Any]], name: str, quick: bool) -> None:
-    fig, ax = plots.figure()
-    names = list(turns)
-    ratios = [turns[n]["ratio"] for n in names]
-    ax.bar(names, ratios, yerr=plots.error_bars(ratios, [turns[n]["ratio_ci"] for n in names]),
-           capsize=4)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_ylabel("one id per pass / forced runs fed together (median ratio)")
-    ax.set_title("session replies: forced ids in one pass")
-    plots.save(fig, name, quick)
-
-
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
@@ -116,7 +104,8 @@ def main() -> None:
     total = {arm: [sum(t["trials_ms"][arm][i] for t in turns.values()) for i in range(trials)]
              for arm in ("on", "off")}
     ratio, lo, hi = paired_ratio_ci(total["off"], total["on"])
-    draw(turns, name, args.quick)
+    plots.ratio_bars(turns, "one id per pass / forced runs fed together (median ratio)",
+                     "session replies: forced ids in one pass", name, args.quick)
     emit(name, {**model_record(args.model, model), "turns": turns,
                 "overall": {"ratio": ratio, "ratio_ci": [lo, hi]}, "trials": trials,
                 "max_tokens": MAX_TOKENS, "seconds": time.perf_counter() - started,

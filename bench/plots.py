@@ -4,7 +4,8 @@ Contract: ``figure(ncols)`` returns a new figure and its axes; ``save(fig, name,
 ``results/<name>.png`` (``results/quick/<name>.png`` with ``--quick``), next to the JSON that
 ``common.emit`` writes, closes the figure and returns the path. ``error_bars`` turns medians and
 ``[lo, hi]`` intervals into the asymmetric error array matplotlib wants; ``series_styles`` and
-``budget_axis`` keep many-series budget plots legible.
+``budget_axis`` keep many-series budget plots legible; ``ratio_bars`` draws one paired ratio
+and its interval per case, against a line at 1.
 
 matplotlib is imported here only, so scripts import this module after ``common``. It does not
 know what a benchmark measured.
@@ -62,3 +63,17 @@ def save(fig: Any, name: str, quick: bool) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def ratio_bars(cases: dict[str, dict[str, Any]], ylabel: str, title: str, name: str,
+               quick: bool) -> Path:
+    """A bar per case of its ``ratio`` with its ``ratio_ci``, a line at 1; saved as ``name``."""
+    fig, ax = figure()
+    names = list(cases)
+    ratios = [cases[n]["ratio"] for n in names]
+    ax.bar(names, ratios, yerr=error_bars(ratios, [cases[n]["ratio_ci"] for n in names]),
+           capsize=4)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return save(fig, name, quick)
