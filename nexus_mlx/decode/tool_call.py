@@ -9,7 +9,8 @@ returns a :class:`ToolCallResult`. The generated text is always::
 1. Name: with several candidate tools, a :class:`~.name_fsm.NameFSM` over their qualified names
    with terminator :data:`NAME_GLUE` (``", "arguments":``) masks every step; once one candidate is
    left, the rest of it is forced in its canonical tokenization (one batched forward, no
-   sampling). With one candidate the name is forced outright (prefilled with the prompt).
+   sampling). With one candidate the name is forced outright: fed with the prompt, and with
+   what the argument grammar forces first (``{"`` and a required key), in one pass.
 2. Arguments: the tool's ``input_schema`` compiled by :func:`~.json_constraint.compile_schema`
    (optional leading space, then the JSON object, then the closing ``}``) drives a
    :class:`~.json_constraint.JsonConstraint`; tokens llguidance forces are fed without sampling.
@@ -103,7 +104,8 @@ DEFAULT_IR = IROptions()
 
 @dataclass(frozen=True)
 class ToolCallTimings:
-    """Wall-clock seconds per stage (compile: schema -> grammar -> matcher)."""
+    """Wall-clock seconds per stage (compile: schema -> grammar -> matcher; prefill: the first
+    pass, the prompt and, with one candidate, the forced name and arguments' opening)."""
 
     prefill_s: float = 0.0
     name_s: float = 0.0
@@ -240,6 +242,7 @@ class _Stream:
         self.row: HeadRow | mx.array | None = None
         self.lookahead = cache_lookahead(model, cache, draft_tokens, head)
         self.certified = 0
+        self.first_pass_s = 0.0  # seconds of the first pass (the prompt's prefill)
 
     def push(self, tokens: Sequence[int]) -> None:
         self.pending.extend(int(t) for t in tokens)
@@ -248,8 +251,11 @@ class _Stream:
     def next_row(self) -> HeadRow | mx.array:
         """The row after every token pushed (logits ``(V,)`` or a head row)."""
         if self.pending:
+            first, start = self.lookahead.stats.passes == 0, time.perf_counter()
             self.row = self.lookahead.feed(self.pending)
             self.pending = []
+            if first:
+                self.first_pass_s = time.perf_counter() - start
         assert self.row is not None, "nothing pushed yet"
         return self.row
 
@@ -331,16 +337,13 @@ def generate_tool_call(
 
     # -- name ------------------------------------------------------------------------------
     stream.push(prompt_tokens)
-    if len(by_name) == 1:
+    if len(by_name) == 1:  # the name, and what the grammar forces next, go with the prompt
         name = next(iter(by_name))
         name_tokens = list(tokenizer.encode(name + NAME_GLUE, add_special_tokens=False))
         stream.push(name_tokens)
-        stream.next_row()
-        prefill_s = time.perf_counter() - start
     else:
         fsm = NameFSM(list(by_name), vocab, terminator=NAME_GLUE)
         stream.next_row()
-        prefill_s = time.perf_counter() - start
         while not fsm.is_complete():
             rest = fsm.remaining()
             if rest is not None:  # one candidate left: force its canonical tokens
@@ -362,7 +365,7 @@ def generate_tool_call(
             name_tokens.append(token)
             stream.push([token])
         name = cast(str, fsm.matched_name())
-    name_s = time.perf_counter() - start - prefill_s
+    name_s = time.perf_counter() - start - stream.first_pass_s
 
     # -- arguments -------------------------------------------------------------------------
     t_compile = time.perf_counter()
@@ -435,8 +438,8 @@ def generate_tool_call(
         arguments=arguments,
         text=text,
         tokens=tokens,
-        timings=ToolCallTimings(prefill_s, name_s, compile_s,
-                                total_s - prefill_s - name_s - compile_s, total_s),
+        timings=ToolCallTimings(stream.first_pass_s, name_s, compile_s,
+                                total_s - stream.first_pass_s - name_s - compile_s, total_s),
         mask_overhead=MaskOverhead(tuple(name_us), tuple(args_us)),
         mode=compiled.mode,
         complete=complete,
