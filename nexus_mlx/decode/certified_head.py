@@ -9,8 +9,9 @@ head is under :data:`MIN_HEAD_WEIGHTS` (there the scan saves less than a sequent
 costs against a pipelined one). ``top(hidden, n=1, allowed=None, margin=None)`` takes
 the last layer's hidden state of one position (``(1, 1, hidden)``, before the final norm) and
 returns a :class:`Top`: the ``n`` most likely ids (among the ``allowed`` ones, a constrained
-step's mask, which may be narrower than the head: a tokenizer's vocabulary), best first, with their logits (float32, soft-capped as the model's head does), or
-None when it cannot certify them; the caller then computes the full logits
+step's mask, which may be narrower than the head: a tokenizer's vocabulary), best first,
+with their logits (float32, soft-capped as the model's head does), or None when it cannot
+certify them; the caller then computes the full logits
 (:func:`~nexus_mlx.models.forward.lm_head`). A certified top is the one the full float32
 projection gives: no other id's logit is within ``margin`` of the n-th best, and the n best are
 ``margin`` apart, so rounding (orders of magnitude below the default :data:`MARGIN`) cannot
