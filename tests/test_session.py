@@ -519,8 +519,9 @@ def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
     s.step_ids(HISTORY[:50])
     state, logits = live_snapshot(s.cache), np.array(s.next_token_logits())
 
-    generate_module = importlib.import_module("nexus_mlx.decode.generate")  # the package's
-    real = generate_module.forward_tail  # `generate` is the function; next_rows' pass
+    # the module, not the function the package exports under its name; next_rows' pass
+    generate_module = importlib.import_module("nexus_mlx.decode.generate")
+    real = generate_module.forward_tail
 
     def broken(*args, **kwargs):  # fails after writing its rows
         real(*args, **kwargs)
