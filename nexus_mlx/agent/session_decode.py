@@ -1,24 +1,24 @@
 """The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>`.
 
 Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
-on_token, start, score=None)`` decodes from the session's live cache, after a step, one token
-at a time under the turn's ``constraint`` (None: free text): the logits processors, then the
-constraint's mask, then the close-call guard (stale rows healed first, the token chosen from
-exact logits), then the sampler and the constraint's restraint. Ids the constraint forces (a
-call's opener and closer, JSON the grammar leaves no choice over: ``constraint.forced()``) are
-taken without reading a row and fed in one pass (:data:`FEED_FORCED_RUNS`), unless ``score``
-needs each row. A greedy step that needs no
-logits beyond the best id (no processors, no ``score``, no restraint to weigh) takes the id
-from the session's certified head when it proves it (:mod:`~nexus_mlx.decode.certified_head`:
-the best allowed id, ahead of every other by the guard's margin where rows are stale, so no
-close call is missed) and projects in full only when it cannot: the same ids. It stops at an end-of-turn id (``"stop"``, the id
-returned last), a ``stop`` string in the decoded text (``"stop_string"``; with ``calls``, the
-reply may hold tool calls, and a stop string inside one does not count), ``max_tokens`` or the
-model's last position (``"length"``), and returns ``(ids, finish, ttft_s, guarded_rows,
-drafts)`` (``drafts``: the :class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply).
-``score(logits (V,), id)``, when given, sees each chosen id but the end-of-turn one with the
-logits row it was drawn from (after the processors and the mask), before ``on_token``.
-Every id but the last is then cached and the session's next-token logits are those after it.
+on_token, start, score=None)`` decodes from the session's live cache, after a step, one token at a
+time under the turn's ``constraint`` (None: free text): the logits processors, then the
+constraint's mask, then the close-call guard (stale rows healed first, the token chosen from exact
+logits), then the sampler and the constraint's restraint. Ids the constraint forces (a call's
+opener and closer, JSON the grammar leaves no choice over: ``constraint.forced()``) are taken
+without reading a row and fed in one pass (:data:`FEED_FORCED_RUNS`), unless ``score`` needs each
+row. A greedy step that needs no logits beyond the best id (no processors, no ``score``, no
+restraint to weigh) takes the id from the session's certified head when it proves it
+(:mod:`~nexus_mlx.decode.certified_head`: the best allowed id, ahead of every other by the guard's
+margin where rows are stale, so no close call is missed) and projects in full only when it cannot:
+the same ids. It stops at an end-of-turn id (``"stop"``, the id returned last), a ``stop`` string
+in the decoded text (``"stop_string"``; with ``calls``, the reply may hold tool calls, and a stop
+string inside one does not count), ``max_tokens`` or the model's last position (``"length"``), and
+returns ``(ids, finish, ttft_s, guarded_rows, drafts)`` (``drafts``: the
+:class:`~nexus_mlx.decode.lookahead.LookaheadStats` of the reply). ``score(logits (V,), id)``, when
+given, sees each chosen id but the end-of-turn one with the logits row it was drawn from (after the
+processors and the mask), before ``on_token``. Every id but the last is then cached and the
+session's next-token logits are those after it.
 
 Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` with the
 session's ``draft_tokens``: where the reply copies its conversation (an argument quoted from

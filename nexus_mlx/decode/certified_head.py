@@ -19,20 +19,19 @@ reorder them; a caller may ask for a wider margin (the session's close-call guar
 :class:`HeadRow` holds one position's hidden state and gives its certified best id, or its full
 logits only when asked (the session's decode loop; :func:`full_logits` reads either kind).
 
-How: the head's ``(V, D)`` weight is quantized once, per row, as the semantic lookaside
-buffer's vectors are (:func:`~nexus_mlx.kernels.int8_scan.quantize_rows`: ``W[r] = s_r (c_r +
-d_r)``, ``|d_r| <= 1/2``); a step quantizes the normed hidden state ``x = s_q (q + e)``
-(``|e| <= 1/2``) likewise and computes every row's INT8 dot ``c_r . q`` with the native SIMD
-scan (a quarter of the float32 weight's bytes, the rows split over the cores). Expanding the product bounds each row's logit
-``W[r] . x`` above by ``s_q s_r c_r . q + s_q (s_r (|q|_1 / 2 + D / 4) + s_r |c_r|_1 / 2)``. The
-``candidates`` rows with the highest bound (among the allowed ones, on a constrained step) get
-their exact float32 logits; the top is accepted when its n-th best exact logit exceeds the
-highest bound outside the candidates (with a relative slack for float32 rounding) by
-``margin``: every other (allowed) row is then below it. On this machine (2
-cores, AVX-512 VNNI) a step over Qwen2.5-0.5B's 151,936 x 896 head takes 10.6 ms against
-24.5 ms for the float32 projection (both on two threads), and certifies every step of its
-greedy chat replies (``results/certified_head_qwen_threaded.json``); ``stats`` counts certified
-and refused steps.
+How: the head's ``(V, D)`` weight is quantized once, per row, as the semantic lookaside buffer's
+vectors are (:func:`~nexus_mlx.kernels.int8_scan.quantize_rows`: ``W[r] = s_r (c_r + d_r)``,
+``|d_r| <= 1/2``); a step quantizes the normed hidden state ``x = s_q (q + e)`` (``|e| <= 1/2``)
+likewise and computes every row's INT8 dot ``c_r . q`` with the native SIMD scan (a quarter of the
+float32 weight's bytes, the rows split over the cores). Expanding the product bounds each row's
+logit ``W[r] . x`` above by ``s_q s_r c_r . q + s_q (s_r (|q|_1 / 2 + D / 4) + s_r |c_r|_1 / 2)``.
+The ``candidates`` rows with the highest bound (among the allowed ones, on a constrained step) get
+their exact float32 logits; the top is accepted when its n-th best exact logit exceeds the highest
+bound outside the candidates (with a relative slack for float32 rounding) by ``margin``: every
+other (allowed) row is then below it. On this machine (2 cores, AVX-512 VNNI) a step over
+Qwen2.5-0.5B's 151,936 x 896 head takes 10.6 ms against 24.5 ms for the float32 projection (both on
+two threads), and certifies every step of its greedy chat replies
+(``results/certified_head_qwen_threaded.json``); ``stats`` counts certified and refused steps.
 
 It evaluates arrays (the hidden state is read on the host); it knows nothing about sampling,
 caches or tokenizers.

@@ -15,16 +15,16 @@ Contract:
 - :func:`propose` returns up to ``max_tokens`` ids that followed the most recent earlier
   occurrence of the context's last ``n`` ids, for the longest ``n`` from ``max_match`` down to
   ``min_match`` that occurs; ``[]`` when none does.
-- :class:`Lookahead` feeds a decoder's chosen tokens to a model through two callables:
-  ``run(ids, tail) -> rows`` appends ids to the cache and returns the next-token rows of the
-  last ``tail`` of them (their evaluated logits ``(tail, V)``, ``models.forward.forward_tail``,
-  or any per-id row the decoder reads, such as a
-  :class:`~nexus_mlx.decode.certified_head.HeadRow`), and ``drop(n, row)`` removes the last
-  ``n`` rows again, ``row`` being that of the row that is now last. ``feed(ids)`` returns the
-  row after the last of ``ids``: from the pass that drafted them when they match its drafts,
-  else from one new pass over the ids and a fresh draft. ``close()`` drops the rows of drafts not yet confirmed (call it before anything
-  else reads or edits the cache; ``feed`` after ``close`` starts again). ``room()`` bounds the
-  rows one pass may add. ``stats`` counts passes, drafted and accepted tokens.
+- :class:`Lookahead` feeds a decoder's chosen tokens to a model through two callables: ``run(ids,
+  tail) -> rows`` appends ids to the cache and returns the next-token rows of the last ``tail`` of
+  them (their evaluated logits ``(tail, V)``, ``models.forward.forward_tail``, or any per-id row
+  the decoder reads, such as a :class:`~nexus_mlx.decode.certified_head.HeadRow`), and ``drop(n,
+  row)`` removes the last ``n`` rows again, ``row`` being that of the row that is now last.
+  ``feed(ids)`` returns the row after the last of ``ids``: from the pass that drafted them when
+  they match its drafts, else from one new pass over the ids and a fresh draft. ``close()`` drops
+  the rows of drafts not yet confirmed (call it before anything else reads or edits the cache;
+  ``feed`` after ``close`` starts again). ``room()`` bounds the rows one pass may add. ``stats``
+  counts passes, drafted and accepted tokens.
 
 It knows nothing about caches, models or constraints: the caller's callables do.
 """
