@@ -2,7 +2,8 @@
 answers agree (the stream read by the client's own accumulator), calls and their results round
 trip through the live session, a response continued by ``previous_response_id`` answers as the
 whole conversation sent again does, stored responses are read back (and their input items
-listed, page by page) and deleted, and what the server cannot honour is refused by name."""
+listed, page by page) and deleted, log probabilities asked by ``include`` are the chat API's for
+the same reply, and what the server cannot honour is refused by name."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ from nexus_mlx.server.response_store import (  # noqa: E402
     StoredResponse,
     input_items_page,
 )
-from nexus_mlx.server.responses_api_request import parse_responses_request  # noqa: E402
+from nexus_mlx.server.responses_api_output import ResponseWriter  # noqa: E402
+from nexus_mlx.server.responses_api_request import (  # noqa: E402
+    LOGPROBS_INCLUDE,
+    parse_responses_request,
+)
 
 TOOLS = [{"type": "function", "name": name, "parameters": schema}
          for name, schema in TINY_SCHEMAS.items()]
@@ -179,6 +184,10 @@ def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
     ({"frobnicate": 1}, "frobnicate"),
+    ({"include": ["message.output_text.logprob"]}, "include"),
+    ({"include": LOGPROBS_INCLUDE}, "include"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": True, "include": [LOGPROBS_INCLUDE]}, "top_logprobs"),
     # the engine's checks, named as the Responses API names the fields
     ({"max_output_tokens": TINY_CONTEXT}, "max_output_tokens"),
     ({"input": "word " * (TINY_CONTEXT + 10)}, "input"),
@@ -195,6 +204,59 @@ def test_what_cannot_be_honoured_is_refused_by_name(server, body, param):
 def healthy_after(server: Any) -> bool:
     status, body = http(server, "/health")
     return status == 200 and body["status"] == "ok"
+
+
+def _entries(logprobs: Any) -> list[tuple[Any, ...]]:
+    return [(e.token, round(e.logprob, 4), tuple(e.bytes),
+             tuple((t.token, round(t.logprob, 4)) for t in e.top_logprobs)) for e in logprobs]
+
+
+def test_logprobs_asked_by_include_are_the_chat_apis_for_the_same_reply(server):
+    c = client(server)
+    ask = dict(model="tiny", input="Say words.", max_output_tokens=6,
+               include=[LOGPROBS_INCLUDE, "reasoning.encrypted_content"], top_logprobs=2)
+    whole = c.responses.create(**ask)
+    [message] = whole.output
+    part = message.content[0]
+    chat = c.chat.completions.create(model="tiny", max_tokens=6, logprobs=True, top_logprobs=2,
+                                     messages=[{"role": "user", "content": "Say words."}])
+    assert part.text == chat.choices[0].message.content  # the same greedy reply
+    assert _entries(part.logprobs) == _entries(chat.choices[0].logprobs.content)
+    assert len(part.logprobs) == 6 and whole.top_logprobs == 2
+    spelled = b"".join(bytes(e.bytes) for e in part.logprobs)
+    assert spelled.decode("utf-8", errors="replace") == part.text
+    final, events = _streamed(c, **ask)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [(e.token, round(e.logprob, 4)) for d in deltas for e in d.logprobs] == \
+        [(e.token, round(e.logprob, 4)) for e in part.logprobs]
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert len(done.logprobs) == 6 and _entries(final.output[0].content[0].logprobs) == \
+        _entries(part.logprobs)
+    unasked = c.responses.create(**{**ask, "include": None})  # top_logprobs alone: nothing
+    assert unasked.output[0].content[0].logprobs == [] and unasked.top_logprobs == 2
+
+
+def test_a_calls_own_ids_carry_no_text_logprobs():
+    parsed = parse_responses_request({"model": "m", "input": "hi", "include": [LOGPROBS_INCLUDE]})
+    assert not isinstance(parsed, ApiError), parsed
+    writer = ResponseWriter(parsed)
+    entry = [{"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+             for t in ("Sure", "<tool_call>", "{\"", " Done")]
+    writer.logprob(entry[0])
+    first = writer.events([{"content": "Sure"}])
+    writer.logprob(entry[1])
+    writer.logprob(entry[2])
+    writer.events([{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                    "function": {"name": "f", "arguments": ""}}]},
+                   {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}])
+    writer.logprob(entry[3])
+    writer.events([{"content": " Done"}])
+    assert [e["logprobs"] for e in first if e["type"] == "response.output_text.delta"] == \
+        [[entry[0]]]
+    texts = [o for o in writer.output if o["type"] == "message"]
+    assert [t["content"][0]["logprobs"] for t in texts] == [[entry[0]], [entry[3]]]
+    added = [e for e in first if e["type"] == "response.content_part.added"]
+    assert added[0]["part"]["logprobs"] == []  # a copy: what was sent is not changed after
 
 
 def test_an_unknown_model_is_not_found(server):

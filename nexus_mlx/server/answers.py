@@ -5,7 +5,10 @@ Contract: an :class:`Answer` is made per request, over the reply's
 the events for the assembler's deltas (``logprob(entry)`` before them hands it the ids' log
 probabilities, which the next event carries), ``closing(done)`` the last ones, ``failure(error)`` an
 error event once the stream has started; ``whole(done, deltas)`` is the JSON body of an answer
-not streamed (``deltas``: everything the assembler made of the final text). Events are
+not streamed (``deltas``: what the assembler made of the final text that no ``deltas`` call
+has seen). ``follows_tokens`` says whether an answer not streamed must still see the reply id
+by id (``logprob`` and ``deltas`` as the stream would call them, their events dropped) before
+``whole``: where log probabilities are placed by the text they spell. Events are
 ``sse_starlette`` dicts (``data``, and ``event`` where the API names its events).
 
 - :class:`ChatAnswer`: ``chat.completion`` / ``chat.completion.chunk`` (:mod:`.responses`): a
@@ -34,6 +37,8 @@ Sse = dict[str, str]
 
 
 class Answer(Protocol):
+    follows_tokens: bool
+
     def logprob(self, entry: dict[str, Any]) -> None: ...
     def opening(self) -> list[Sse]: ...
     def deltas(self, deltas: list[Delta]) -> list[Sse]: ...
@@ -44,6 +49,8 @@ class Answer(Protocol):
 
 class ChatAnswer:
     """Chat completions (module docstring)."""
+
+    follows_tokens = False  # a whole answer's log probabilities are the reply's, in order
 
     def __init__(self, request: ChatRequest, assembler: ReplyAssembler) -> None:
         self.r, self.assembler = request, assembler
@@ -89,6 +96,7 @@ class ResponsesAnswer:
                  store: ResponseStore) -> None:
         self.request, self.store = request, store
         self.writer = ResponseWriter(request, stored=request.store and store.enabled)
+        self.follows_tokens = self.writer.logprobs  # each text part carries its own ids'
 
     def _keep(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.writer.stored:
@@ -96,7 +104,7 @@ class ResponsesAnswer:
         return body
 
     def logprob(self, entry: dict[str, Any]) -> None:
-        """Not asked for here (this server refuses the Responses API's logprob options)."""
+        self.writer.logprob(entry)
 
     @staticmethod
     def _sse(events: list[dict[str, Any]]) -> list[Sse]:

@@ -140,9 +140,11 @@ class GenerationHandler:
         cancel = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, cancel))
         loop = asyncio.get_running_loop()
+        trace: list[Any] = []  # each id's log probabilities, then the text so far
+        follow = trace.append if answer.follows_tokens else None
         try:
             done = await loop.run_in_executor(self.executor, self.engine.complete, prepared,
-                                              None, cancel)
+                                              follow, cancel, follow)
         except Exception as exc:
             return _error(_internal(exc))
         finally:
@@ -152,6 +154,8 @@ class GenerationHandler:
                 return _error(ApiError(499, "the client closed the request", type="cancelled"))
             return _error(ApiError(503, "the generation was cancelled: the server is stopping",
                                    type="server_error"))
+        for item in trace:
+            _follow(answer, assembler, item)
         return JSONResponse(answer.whole(done, assembler.finish(done.reply.text,
                                                                 done.reply.ended)))
 
@@ -179,10 +183,7 @@ class GenerationHandler:
             for event in answer.opening():
                 yield event
             while (item := await updates.get()) is not _END:
-                if isinstance(item, dict):  # an id's log probabilities, before its text
-                    answer.logprob(item)
-                    continue
-                for event in answer.deltas(assembler.feed(item)):
+                for event in _follow(answer, assembler, item):
                     yield event
             try:
                 done = await job
@@ -200,6 +201,15 @@ class GenerationHandler:
                 yield event
         finally:
             cancel.set()  # a no-op after a full reply; stops a generation the client left
+
+
+def _follow(answer: Answer, assembler: ReplyAssembler, item: Any) -> list[dict[str, str]]:
+    """The events of one thing the engine reported: an id's log probabilities (a dict, before
+    its text), or the reply's text so far."""
+    if isinstance(item, dict):
+        answer.logprob(item)
+        return []
+    return answer.deltas(assembler.feed(item))
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:

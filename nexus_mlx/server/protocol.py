@@ -133,7 +133,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
-def _top_logprobs(value: Any) -> int:
+def check_top_logprobs(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) \
             or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise ArgumentError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
@@ -254,7 +254,7 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
          lambda v: _number(v, "presence_penalty", -2.0, 2.0)),
         ("logit_bias", "logit_bias", _logit_bias),
         ("logprobs", "logprobs", lambda v: _bool(v, "logprobs")),
-        ("top_logprobs", "top_logprobs", _top_logprobs),
+        ("top_logprobs", "top_logprobs", check_top_logprobs),
     ]
     for key, target, check in checks:
         if body.get(key) is None:

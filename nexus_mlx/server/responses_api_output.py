@@ -16,8 +16,14 @@ and a ``sequence_number``. ``body(done)`` is the final ``response`` object, whic
 in ``response.completed``; a whole (not streamed) answer feeds all deltas first, so both agree.
 ``usage`` has ``input_tokens`` (``input_tokens_details.cached_tokens``), ``output_tokens`` and
 ``total_tokens``, plus the chat answers' ``nexus`` extension. ``store`` says ``stored`` (whether
-the server keeps the response); ``previous_response_id`` echoes the request's. It knows nothing
-about HTTP or how responses are stored.
+the server keeps the response); ``previous_response_id`` echoes the request's.
+
+With log probabilities asked (``include``), ``logprob(entry)`` hands over one generated id's
+entry (:func:`~.responses.logprob_entry`) before the deltas its text makes: the next text delta
+carries every entry handed over since the last one (the ids of text the stop-string scan held
+back come with the piece it lets through), in its event's ``logprobs`` and in its part's; the
+ids a function call's text is made of belong to no text and are dropped. Without them every
+``logprobs`` is empty. It knows nothing about HTTP or how responses are stored.
 """
 
 from __future__ import annotations
@@ -45,8 +51,15 @@ class ResponseWriter:
         self.request, self.stored = request, stored
         self.id, self.created = _id("resp"), R.now()
         self.output: list[dict[str, Any]] = []  # items, the last one maybe still open
+        self.logprobs = request.chat.logprobs  # whether the output text carries them
+        self._pending: list[dict[str, Any]] = []  # entries of ids no text has carried yet
         self._open = False
         self._seq = 0
+
+    def logprob(self, entry: dict[str, Any]) -> None:
+        """One generated id's entry, before the deltas of its text (module docstring)."""
+        if self.logprobs:
+            self._pending.append(entry)
 
     # ---- the stream ---------------------------------------------------------------------
     def opening(self) -> list[Event]:
@@ -93,7 +106,8 @@ class ResponseWriter:
             "max_output_tokens": echo.get("max_output_tokens"),
             "parallel_tool_calls": r.parallel_tool_calls, "temperature": r.temperature,
             "top_p": r.top_p, "text": echo.get("text"), "tool_choice": echo.get("tool_choice"),
-            "tools": echo.get("tools"), "truncation": "disabled", "store": self.stored,
+            "tools": echo.get("tools"), "top_logprobs": echo.get("top_logprobs"),
+            "truncation": "disabled", "store": self.stored,
             "previous_response_id": echo.get("previous_response_id"), "reasoning": None,
             "usage": _usage(done) if done is not None else None,
         }
@@ -111,15 +125,19 @@ class ResponseWriter:
             item["content"].append(part)
             out.append(self._event("response.content_part.added", item_id=item["id"],
                                    output_index=len(self.output) - 1, content_index=0,
-                                   part=dict(part)))
-        item["content"][0]["text"] += piece
+                                   part=_part_copy(part)))
+        carried, self._pending = self._pending, []
+        part = item["content"][0]
+        part["text"] += piece
+        part["logprobs"] += carried
         out.append(self._event("response.output_text.delta", item_id=item["id"],
                                output_index=len(self.output) - 1, content_index=0, delta=piece,
-                               logprobs=[]))
+                               logprobs=carried))
         return out
 
     def _call(self, delta: dict[str, Any]) -> list[Event]:
         function = delta.get("function") or {}
+        self._pending = []  # the call's own ids: no text carries them
         if "id" in delta:  # a new call: its name is known
             out = self._close()
             item = {"id": _id("fc"), "type": "function_call", "status": "in_progress",
@@ -150,9 +168,9 @@ class ResponseWriter:
             part = item["content"][0]
             out += [self._event("response.output_text.done", item_id=item["id"],
                                 output_index=index, content_index=0, text=part["text"],
-                                logprobs=[]),
+                                logprobs=list(part["logprobs"])),
                     self._event("response.content_part.done", item_id=item["id"],
-                                output_index=index, content_index=0, part=dict(part))]
+                                output_index=index, content_index=0, part=_part_copy(part))]
         else:
             out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                    output_index=index, name=item["name"],
@@ -171,8 +189,12 @@ def _status(done: Completion) -> str:
     return "completed" if done.reply.ended else "incomplete"
 
 
+def _part_copy(part: dict[str, Any]) -> dict[str, Any]:
+    return {**part, "logprobs": list(part["logprobs"])}
+
+
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {**item, "content": [dict(p) for p in item["content"]]} if "content" in item \
+    return {**item, "content": [_part_copy(p) for p in item["content"]]} if "content" in item \
         else dict(item)
 
 

@@ -21,11 +21,15 @@ session that holds the conversation. So:
   ``parallel_tool_calls``; ``text.format``: ``text`` / ``json_object`` / ``json_schema`` (its
   ``name``, ``schema``, ``strict``, ``description``); ``max_output_tokens``; ``temperature``;
   ``top_p``; ``stream``; ``store`` (default true: the response can be continued and read back).
+- ``include``: ``"message.output_text.logprobs"`` asks for each output text token's log
+  probability (the chat request's ``logprobs``), with ``top_logprobs`` (0 to 20) alternatives
+  each; ``top_logprobs`` alone is checked and echoed but adds nothing, as OpenAI's API does.
+  The other values OpenAI documents name output this server never produces (hosted tools'
+  results, images, encrypted reasoning), so they include nothing; an unknown one is refused.
 - Fields that change nothing here are accepted (``metadata`` is echoed; ``user``,
   ``truncation: "disabled"``, ...). What needs a capability this server lacks is refused by
   name: ``conversation`` (the Conversations API), hosted tools (``web_search``,
-  ``file_search``, ...), ``reasoning`` items and options, ``background``, non-text input parts,
-  ``include``.
+  ``file_search``, ...), ``reasoning`` items and options, ``background``, non-text input parts.
 
 Checks past the translation are the chat request's (:func:`~.protocol.parse_chat_request`);
 their errors, and the engine's (:func:`responses_error`), name the Responses field (``input``
@@ -44,6 +48,7 @@ from nexus_mlx.server.protocol import (
     SHARED_NO_OPS,
     ApiError,
     ChatRequest,
+    check_top_logprobs,
     field_problem,
     parse_chat_request,
 )
@@ -52,12 +57,10 @@ from nexus_mlx.server.protocol import (
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
     **SHARED_NO_OPS,
     "truncation": lambda v: v in (None, "disabled"),
-    "include": lambda v: v is None or v == [],
     "reasoning": lambda v: v is None,
     "conversation": lambda v: v is None,
     "background": lambda v: v in (None, False),
     "max_tool_calls": lambda v: v is None,
-    "top_logprobs": lambda v: v in (None, 0),
     "prompt": lambda v: v is None,
     "stream_options": lambda v: v is None or isinstance(v, dict),
 }
@@ -68,6 +71,12 @@ _WHY = {
     "truncation": "is not served: only truncation 'disabled' is; a conversation past the "
                   "context is refused, not trimmed",
 }
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# what OpenAI's include names besides log probabilities: output this server never produces
+_NOTHING_TO_INCLUDE = frozenset({
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs", "reasoning.encrypted_content"})
 _PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls")
 _CHAT_PARAM = {"messages": "input", "max_tokens": "max_output_tokens",
                "response_format": "text.format"}
@@ -95,7 +104,7 @@ def parse_responses_request(body: Any, previous: Previous = _no_previous
     if not isinstance(body, Mapping):
         return ApiError(400, "the request body must be a JSON object")
     known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
-             "previous_response_id", *_PASSED, *_NO_OPS}
+             "previous_response_id", "include", "top_logprobs", *_PASSED, *_NO_OPS}
     problem = field_problem(body, known, _NO_OPS, _WHY)
     if problem is not None:
         return problem
@@ -110,7 +119,7 @@ def parse_responses_request(body: Any, previous: Previous = _no_previous
     if isinstance(parsed, ApiError):
         return responses_error(parsed)
     echo = {name: body.get(name) for name in ("instructions", "metadata", "max_output_tokens",
-                                              "previous_response_id")}
+                                              "previous_response_id", "top_logprobs")}
     echo["text"] = body.get("text") or {"format": {"type": "text"}}
     echo["tools"] = list(body.get("tools") or [])
     echo["tool_choice"] = body.get("tool_choice", "auto")
@@ -162,6 +171,14 @@ def _chat_body(body: Mapping[str, Any], items: Items, earlier: int
         param = "tool_choice"
         if "tool_choice" in body:
             chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        param = "include"
+        if LOGPROBS_INCLUDE in _included(body.get("include")):
+            chat["logprobs"] = True
+            if body.get("top_logprobs") is not None:
+                chat["top_logprobs"] = body["top_logprobs"]
+        elif body.get("top_logprobs") is not None:
+            param = "top_logprobs"
+            check_top_logprobs(body["top_logprobs"])
         param = "text"
         fmt = _format_of(body.get("text"))
         param = "text.format"
@@ -176,6 +193,19 @@ def _list(value: Any, param: str) -> list[Any]:
     if not isinstance(value, list):
         raise ArgumentError(f"{param} must be a list, got {value!r:.80}")
     return value
+
+
+def _included(include: Any) -> set[str]:
+    """``include``'s values, checked (module docstring)."""
+    if include is None:
+        return set()
+    if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+        raise ArgumentError(f"include must be a list of strings, got {include!r:.80}")
+    unknown = sorted(set(include) - _NOTHING_TO_INCLUDE - {LOGPROBS_INCLUDE})
+    if unknown:
+        raise ArgumentError(f"include names unknown output {unknown[0]!r:.60}; it takes "
+                            f"{sorted(_NOTHING_TO_INCLUDE | {LOGPROBS_INCLUDE})}")
+    return set(include)
 
 
 def _instructions(instructions: Any) -> list[dict[str, Any]]:
