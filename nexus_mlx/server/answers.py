@@ -13,7 +13,10 @@ by id (``logprob`` and ``deltas`` as the stream would call them, their events dr
 
 - :class:`ChatAnswer`: ``chat.completion`` / ``chat.completion.chunk`` (:mod:`.responses`): a
   role chunk, the deltas, a ``finish_reason`` chunk, a usage chunk with
-  ``stream_options.include_usage``, then ``data: [DONE]``.
+  ``stream_options.include_usage``, then ``data: [DONE]``. With ``n`` > 1,
+  ``next_choice(assembler)`` starts the next choice after one has closed: each chunk names its
+  choice's ``index``, the usage chunk and ``[DONE]`` follow the last choice only, and ``whole``
+  returns the body of every choice given so far (usage: :func:`~.responses.usage`).
 - :class:`ResponsesAnswer`: the Responses API's ``response`` and typed events
   (:mod:`.responses_api_output`); no ``[DONE]``. A finished response (completed or cut at the
   limit; not a failed one) is kept in the :class:`~.response_store.ResponseStore` when the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server import responses as R
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.response_store import ResponseStore
@@ -38,6 +42,8 @@ Sse = dict[str, str]
 
 class Answer(Protocol):
     follows_tokens: bool
+
+    def next_choice(self, assembler: ReplyAssembler) -> None: ...
 
     def logprob(self, entry: dict[str, Any]) -> None: ...
     def opening(self) -> list[Sse]: ...
@@ -55,7 +61,13 @@ class ChatAnswer:
     def __init__(self, request: ChatRequest, assembler: ReplyAssembler) -> None:
         self.r, self.assembler = request, assembler
         self.id, self.created = R.completion_id(), R.now()
+        self.index = 0  # the choice being answered
+        self._choices: list[dict[str, Any]] = []  # the whole answer's finished choices
+        self._dones: list[Completion] = []  # the finished choices' replies
         self._logprobs: list[dict[str, Any]] = []  # entries no chunk has carried yet
+
+    def next_choice(self, assembler: ReplyAssembler) -> None:
+        self.assembler, self.index, self._logprobs = assembler, self.index + 1, []
 
     def logprob(self, entry: dict[str, Any]) -> None:
         self._logprobs.append(entry)
@@ -65,7 +77,7 @@ class ChatAnswer:
         self._logprobs = []
         return {"data": json.dumps(R.chunk_body(self.id, self.created, self.r.model, delta,
                                                 finish, with_usage=self.r.include_usage,
-                                                logprobs=carried))}
+                                                logprobs=carried, index=self.index))}
 
     def opening(self) -> list[Sse]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -74,10 +86,13 @@ class ChatAnswer:
         return [self._chunk(d) for d in deltas]
 
     def closing(self, done: Completion) -> list[Sse]:
+        self._dones.append(done)
         out = [self._chunk({}, R.finish_reason(done.reply, bool(self.assembler.tool_calls)))]
+        if self.index + 1 < self.r.n:
+            return out  # more choices follow
         if self.r.include_usage:
             out.append({"data": json.dumps(R.usage_chunk(self.id, self.created, self.r.model,
-                                                         done))})
+                                                         self._dones))})
         return [*out, {"data": "[DONE]"}]
 
     def failure(self, error: ApiError) -> list[Sse]:
@@ -85,8 +100,10 @@ class ChatAnswer:
 
     def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
         a = self.assembler
-        return R.completion_body(self.id, self.created, self.r.model, a.content, a.tool_calls,
-                                 done)
+        self._dones.append(done)
+        self._choices.append(R.choice_body(self.index, a.content, a.tool_calls, done))
+        return R.completion_body(self.id, self.created, self.r.model, self._choices,
+                                 self._dones)
 
 
 class ResponsesAnswer:
@@ -105,6 +122,9 @@ class ResponsesAnswer:
 
     def logprob(self, entry: dict[str, Any]) -> None:
         self.writer.logprob(entry)
+
+    def next_choice(self, assembler: ReplyAssembler) -> None:
+        raise ArgumentError("a response has one choice: the Responses API takes no n")
 
     @staticmethod
     def _sse(events: list[dict[str, Any]]) -> list[Sse]:

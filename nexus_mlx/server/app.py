@@ -10,7 +10,9 @@ Contract: ``build_app(engine, model_names, executor, store)`` serves
   answered whole (``chat.completion``) or, with ``stream``, as server-sent events
   (``chat.completion.chunk``: the role, content pieces, incremental tool calls, a last chunk
   with ``finish_reason``, a usage chunk with ``stream_options.include_usage``, then
-  ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`).
+  ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`). With ``n``
+  > 1 the choices are generated one after another on the same live session (each later one
+  reuses the prompt's rows) and streamed one after another, each chunk naming its ``index``.
 - ``POST /v1/responses``: the Responses API, read as the chat request it asks for
   (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
   its typed events (:mod:`.answers`). Finished responses are kept in ``store``
@@ -140,30 +142,57 @@ class GenerationHandler:
         cancel = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, cancel))
         loop = asyncio.get_running_loop()
-        trace: list[Any] = []  # each id's log probabilities, then the text so far
-        follow = trace.append if answer.follows_tokens else None
+        body: dict[str, Any] = {}
+        done: Completion | None = None
         try:
-            done = await loop.run_in_executor(self.executor, self.engine.complete, prepared,
-                                              follow, cancel, follow)
+            for choice in range(prepared.request.n):
+                if choice:
+                    assembler = _next_assembler(answer, prepared)
+                trace: list[Any] = []  # each id's log probabilities, then the text so far
+                follow = trace.append if answer.follows_tokens else None
+                done = await loop.run_in_executor(self.executor, self.engine.complete,
+                                                  prepared, follow, cancel, follow, choice)
+                if done is None:  # the client went away, or the server is stopping
+                    break
+                for item in trace:
+                    _follow(answer, assembler, item)
+                body = answer.whole(done, assembler.finish(done.reply.text, done.reply.ended))
         except Exception as exc:
             return _error(_internal(exc))
         finally:
             watcher.cancel()
-        if done is None:  # the client went away, or the server is stopping
+        if done is None:
             if await request.is_disconnected():
                 return _error(ApiError(499, "the client closed the request", type="cancelled"))
             return _error(ApiError(503, "the generation was cancelled: the server is stopping",
                                    type="server_error"))
-        for item in trace:
-            _follow(answer, assembler, item)
-        return JSONResponse(answer.whole(done, assembler.finish(done.reply.text,
-                                                                done.reply.ended)))
+        return JSONResponse(body)
 
     async def _events(self, prepared: Prepared, assembler: ReplyAssembler,
                       answer: Answer) -> AsyncIterator[dict[str, str]]:
+        cancel = threading.Event()
+        try:
+            for event in answer.opening():
+                yield event
+            for choice in range(prepared.request.n):
+                if choice:
+                    assembler = _next_assembler(answer, prepared)
+                    for event in answer.opening():
+                        yield event
+                async for event in self._choice_events(prepared, assembler, answer, cancel,
+                                                       choice):
+                    yield event
+                if cancel.is_set():  # the choice failed: its events ended the stream
+                    return
+        finally:
+            cancel.set()  # a no-op after a full reply; stops a generation the client left
+
+    async def _choice_events(self, prepared: Prepared, assembler: ReplyAssembler,
+                             answer: Answer, cancel: threading.Event, choice: int
+                             ) -> AsyncIterator[dict[str, str]]:
+        """One choice's events, as it is generated; ``cancel`` is set when it failed."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
 
         def push(item: Any) -> None:
             try:
@@ -173,34 +202,39 @@ class GenerationHandler:
 
         def run() -> Completion | None:
             try:
-                return self.engine.complete(prepared, push, cancel, on_logprob=push)
+                return self.engine.complete(prepared, push, cancel, push, choice)
             finally:
                 push(_END)
 
         job = loop.run_in_executor(self.executor, run)
         job.add_done_callback(lambda f: f.cancelled() or f.exception())  # always retrieved
+        while (item := await updates.get()) is not _END:
+            for event in _follow(answer, assembler, item):
+                yield event
         try:
-            for event in answer.opening():
+            done = await job
+        except Exception as exc:
+            failure = answer.failure(_internal(exc))
+        else:
+            failure = [] if done is not None else answer.failure(ApiError(
+                503, "the generation was cancelled: the server is stopping",
+                type="server_error"))  # cancelled while the client listens
+        if failure or done is None:
+            cancel.set()
+            for event in failure:
                 yield event
-            while (item := await updates.get()) is not _END:
-                for event in _follow(answer, assembler, item):
-                    yield event
-            try:
-                done = await job
-            except Exception as exc:
-                for event in answer.failure(_internal(exc)):
-                    yield event
-                return
-            if done is None:  # cancelled while the client listens: the server is stopping
-                for event in answer.failure(ApiError(503, "the generation was cancelled: the "
-                                                     "server is stopping", type="server_error")):
-                    yield event
-                return
-            for event in [*answer.deltas(assembler.finish(done.reply.text, done.reply.ended)),
-                          *answer.closing(done)]:
-                yield event
-        finally:
-            cancel.set()  # a no-op after a full reply; stops a generation the client left
+            return
+        for event in [*answer.deltas(assembler.finish(done.reply.text, done.reply.ended)),
+                      *answer.closing(done)]:
+            yield event
+
+
+def _next_assembler(answer: Answer, prepared: Prepared) -> ReplyAssembler:
+    """A new assembler for the answer's next choice."""
+    chat = prepared.request
+    assembler = ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
+    answer.next_choice(assembler)
+    return assembler
 
 
 def _follow(answer: Answer, assembler: ReplyAssembler, item: Any) -> list[dict[str, str]]:

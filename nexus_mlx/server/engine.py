@@ -22,9 +22,10 @@ definitions are new to its session. Both calls block and are meant for worker th
   :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
   guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
-- ``complete(prepared, on_text, cancel, on_logprob)`` takes a pooled session (the one whose
-  cache keeps the most of this conversation, :mod:`.pool`), generates under the request's
-  constraint, sampler (greedy at temperature 0) and logits processors, calls
+- ``complete(prepared, on_text, cancel, on_logprob, choice)`` takes a pooled session (the one
+  whose cache keeps the most of this conversation, :mod:`.pool`), generates under the request's
+  constraint, sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
+  :func:`~.sampling.make_sampler`) and logits processors, calls
   ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
   ``on_text(text_so_far)`` after each token, and returns a :class:`Completion`, or None when
   ``cancel`` was set (the generation stops at the next token; the session keeps what it cached
@@ -152,8 +153,8 @@ class Engine:
     # ---- generating ---------------------------------------------------------------------
     def complete(self, prepared: Prepared, on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 on_logprob: Callable[[dict[str, Any]], None] | None = None
-                 ) -> Completion | None:
+                 on_logprob: Callable[[dict[str, Any]], None] | None = None,
+                 choice: int = 0) -> Completion | None:
         cancel = threading.Event() if cancel is None else cancel
         with self._lock:
             self._inflight.add(cancel)
@@ -164,7 +165,8 @@ class Engine:
                 return None
             try:
                 reply, started, logprobs = run_on_mlx_thread(
-                    self._generate, entry.session, prepared, on_text, cancel, on_logprob)
+                    self._generate, entry.session, prepared, on_text, cancel, on_logprob,
+                    choice)
             except CancelledError:
                 self._count_cancelled()
                 return None
@@ -204,7 +206,7 @@ class Engine:
 
     def _generate(self, session: Session, prepared: Prepared,
                   on_text: Callable[[str], None] | None, cancel: threading.Event,
-                  on_logprob: Callable[[dict[str, Any]], None] | None
+                  on_logprob: Callable[[dict[str, Any]], None] | None, choice: int
                   ) -> tuple[Any, float, list[dict[str, Any]] | None]:
         started = time.perf_counter()
         if cancel.is_set():
@@ -228,7 +230,7 @@ class Engine:
             r.messages, r.tools or None, tool_choice=r.tool_choice,
             parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
             max_tokens=prepared.max_tokens, stop=r.stop,
-            sampler=make_sampler(r.temperature, r.top_p, r.seed), on_token=on_token,
+            sampler=make_sampler(r.temperature, r.top_p, r.seed, choice), on_token=on_token,
             logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
                                                      r.logit_bias),
             logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape)

@@ -17,10 +17,11 @@ offending field in ``param``) — an expected rejection, so a return value. It a
   never a tool call (one written inside a call's text does not count); ``frequency_penalty``
   and ``presence_penalty`` in [-2, 2], ``logit_bias`` (token ids as decimal strings to biases in
   [-100, 100]), greedy or sampled (:func:`~.sampling.make_logits_processors`); ``logprobs``
-  and ``top_logprobs`` (0 to 20; only with ``logprobs``);
+  and ``top_logprobs`` (0 to 20; only with ``logprobs``); ``n`` (1 to 128): how many choices
+  to generate for the conversation, one after another;
 - fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
-  ``n: 1``, ...). Any other field, or a value these cannot honour (``n: 2``), is refused by
-  name rather than ignored.
+  ``modalities: ["text"]``, ...). Any other field, or a value these cannot honour
+  (``modalities: ["audio"]``), is refused by name rather than ignored.
 
 It knows nothing about models, tokenizers, sessions or HTTP beyond the error body's shape.
 """
@@ -36,6 +37,7 @@ from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.messages import NAME, check_messages, check_tool_choice, check_tools
 
 MAX_STOP = 4
+MAX_CHOICES = 128  # OpenAI's bound on n
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's range: a signed 64-bit integer
 # fields that change nothing here, with the values that keep it so: those every OpenAI API
 # has, then chat completions' own
@@ -50,7 +52,6 @@ SHARED_NO_OPS: dict[str, Callable[[Any], bool]] = {
 }
 _NO_OPS: dict[str, Callable[[Any], bool]] = {
     **SHARED_NO_OPS,
-    "n": lambda v: v in (None, 1) and not isinstance(v, bool),
     "modalities": lambda v: v is None or v == ["text"],
 }
 
@@ -90,6 +91,7 @@ class ChatRequest:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per id, with logprobs
+    n: int = 1  # choices to generate
 
     @property
     def calls_allowed(self) -> bool:
@@ -138,6 +140,12 @@ def check_top_logprobs(value: Any) -> int:
             or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise ArgumentError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
                             f"{value!r}")
+    return value
+
+
+def _choices(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise ArgumentError(f"n must be an integer in [1, {MAX_CHOICES}], got {value!r}")
     return value
 
 
@@ -222,7 +230,7 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
              "response_format", "stream", "stream_options", "max_tokens",
              "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-             "top_logprobs", *_NO_OPS}
+             "top_logprobs", "n", *_NO_OPS}
     problem = field_problem(body, known, _NO_OPS)
     if problem is not None:
         return problem
@@ -255,6 +263,7 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         ("logit_bias", "logit_bias", _logit_bias),
         ("logprobs", "logprobs", lambda v: _bool(v, "logprobs")),
         ("top_logprobs", "top_logprobs", check_top_logprobs),
+        ("n", "n", _choices),
     ]
     for key, target, check in checks:
         if body.get(key) is None:

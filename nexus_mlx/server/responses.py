@@ -64,15 +64,18 @@ def finish_reason(reply: Reply, called: bool) -> str:
     return "tool_calls" if called else "stop"
 
 
-def usage(done: Completion) -> dict[str, Any]:
+def usage(done: Completion, *later: Completion) -> dict[str, Any]:
+    """The usage of a reply (``done``), or of a request's choices (``later``: the others, whose
+    tokens count as completion tokens; the prompt and ``nexus`` are the first choice's)."""
     reply, report = done.reply, done.reply.report
     timings = {k: round(v, 6) for k, v in report.timings.items()}
     timings.update(ttft=round(reply.ttft_s, 6), decode=round(reply.decode_s, 6),
                    queue=round(done.queue_s, 6))
+    generated = len(reply.tokens) + sum(len(c.reply.tokens) for c in later)
     return {
         "prompt_tokens": report.prompt_tokens,
-        "completion_tokens": len(reply.tokens),
-        "total_tokens": report.prompt_tokens + len(reply.tokens),
+        "completion_tokens": generated,
+        "total_tokens": report.prompt_tokens + generated,
         "prompt_tokens_details": {"cached_tokens": report.reused + report.spliced},
         "nexus": {"path": report.path, "reason": report.reason, "reused": report.reused,
                   "spliced": report.spliced, "repaired": report.repaired,
@@ -86,37 +89,42 @@ def tool_call_body(call: AssembledCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def completion_body(cid: str, created: int, model: str, content: str,
-                    calls: list[AssembledCall], done: Completion) -> dict[str, Any]:
+def choice_body(index: int, content: str, calls: list[AssembledCall], done: Completion
+                ) -> dict[str, Any]:
+    """One choice of a whole chat completion."""
     message: dict[str, Any] = {"role": "assistant",
                                "content": (content or None) if calls else content}
     if calls:
         message["tool_calls"] = [tool_call_body(c) for c in calls]
-    return {
-        "id": cid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs_body(done.logprobs),
-                     "finish_reason": finish_reason(done.reply, bool(calls))}],
-        "usage": usage(done),
-    }
+    return {"index": index, "message": message, "logprobs": logprobs_body(done.logprobs),
+            "finish_reason": finish_reason(done.reply, bool(calls))}
+
+
+def completion_body(cid: str, created: int, model: str, choices: list[dict[str, Any]],
+                    dones: list[Completion]) -> dict[str, Any]:
+    """A whole chat completion: its ``choices`` (:func:`choice_body`), made by ``dones``."""
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage(*dones)}
 
 
 def chunk_body(cid: str, created: int, model: str, delta: Delta,
                finish: str | None = None, *, with_usage: bool = False,
-               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One stream chunk; ``with_usage`` (``stream_options.include_usage``): ``"usage": null``,
-    as OpenAI sends on every chunk but the last; ``logprobs``: the entries of the ids since
-    the last chunk that carried some."""
+               logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
+    """One stream chunk of choice ``index``; ``with_usage`` (``stream_options.include_usage``):
+    ``"usage": null``, as OpenAI sends on every chunk but the last; ``logprobs``: the entries
+    of the ids since the last chunk that carried some."""
     body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs_body(logprobs),
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs_body(logprobs),
                          "finish_reason": finish}]}
     if with_usage:
         body["usage"] = None
     return body
 
 
-def usage_chunk(cid: str, created: int, model: str, done: Completion) -> dict[str, Any]:
+def usage_chunk(cid: str, created: int, model: str, dones: list[Completion]
+                ) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [], "usage": usage(done)}
+            "choices": [], "usage": usage(*dones)}
 
 
 def models_body(names: list[str], created: int) -> dict[str, Any]:

@@ -7,7 +7,9 @@ id. It draws from ``softmax(logprobs / temperature)`` restricted to the smallest
 probability reaches ``top_p`` (ties broken by id), with a ``numpy`` generator seeded by ``seed``
 (fresh entropy when None; a negative seed, which OpenAI's API allows, is read as its unsigned
 64-bit two's complement): the same seed over the same logits gives the same ids, whatever else
-the process samples. Ids a constraint masked (``-inf``) are never drawn. It must run where the
+the process samples. ``stream`` (default 0) picks one of the seed's independent streams: the
+choices of a request with ``n`` > 1 draw from streams 0, 1, ..., so each differs from the others
+and choice 0 is the reply the request with ``n`` = 1 would get. Ids a constraint masked (``-inf``) are never drawn. It must run where the
 logits are evaluated (the session's decode loop); it knows nothing about requests or sessions.
 
 :func:`make_logits_processors` ``(frequency_penalty, presence_penalty, logit_bias)`` returns the
@@ -29,11 +31,11 @@ from nexus_mlx.decode.generate import LogitsProcessor
 Sampler = Callable[[mx.array], mx.array]
 
 
-def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
-                 ) -> Sampler | None:
+def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None,
+                 stream: int = 0) -> Sampler | None:
     if temperature <= 0:
         return None
-    rng = np.random.default_rng(None if seed is None else seed % (1 << 64))  # numpy: >= 0
+    rng = np.random.default_rng(_entropy(seed, stream))
 
     def sample(logprobs: mx.array) -> mx.array:
         scaled = np.array(logprobs.astype(mx.float32), dtype=np.float64).reshape(-1) / temperature
@@ -50,6 +52,13 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
         return mx.array([min(token, probs.size - 1)])
 
     return sample
+
+
+def _entropy(seed: int | None, stream: int) -> int | list[int] | None:
+    if seed is None:
+        return None  # fresh entropy
+    unsigned = seed % (1 << 64)  # numpy's seeds are >= 0
+    return unsigned if stream == 0 else [unsigned, stream]
 
 
 def make_logits_processors(frequency_penalty: float = 0.0, presence_penalty: float = 0.0,

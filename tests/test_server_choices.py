@@ -1,0 +1,107 @@
+"""``n`` > 1 over loopback with the real ``openai`` client: a request's choices are generated
+one after another on one live session. Choice 0 is the reply the same request with ``n`` = 1
+gets; with a seed the later choices are reproducible and differ from it; greedy choices are all
+the same; streamed choices (read by the client's own stream accumulator, chunk by chunk, by
+``index``) equal the whole answer's; usage counts every choice's tokens once and the prompt
+once; bad ``n`` is refused by name."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from test_server import TINY_SCHEMAS, TINY_TOOLS, _tiny_llama, client, http  # noqa: E402
+
+from nexus_mlx.server import serve  # noqa: E402
+
+ASK = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}],
+           max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def server(default_model):
+    running = serve(_tiny_llama(), default_model[1], model_name="tiny", host="127.0.0.1",
+                    port=0)
+    yield running
+    running.stop()
+
+
+def _texts(completion: Any) -> list[str]:
+    return [c.message.content for c in sorted(completion.choices, key=lambda c: c.index)]
+
+
+def test_sampled_choices_are_reproducible_and_choice_0_is_the_single_reply(server):
+    c = client(server)
+    sampled = dict(ASK, temperature=1.0, seed=11)
+    single = c.chat.completions.create(**sampled)
+    three = c.chat.completions.create(**sampled, n=3)
+    again = c.chat.completions.create(**sampled, n=3)
+    assert [x.index for x in three.choices] == [0, 1, 2]
+    assert _texts(three) == _texts(again)
+    assert _texts(three)[0] == single.choices[0].message.content
+    assert len(set(_texts(three))) > 1, "each choice draws from its own stream of the seed"
+    generated = sum(len(x.logprobs.content) for x in c.chat.completions.create(
+        **sampled, n=3, logprobs=True).choices)
+    assert three.usage.completion_tokens == generated == 3 * ASK["max_tokens"]
+    assert three.usage.prompt_tokens == single.usage.prompt_tokens
+    assert three.usage.total_tokens == three.usage.prompt_tokens + generated
+    assert all(x.finish_reason == "length" for x in three.choices)
+
+
+def test_greedy_choices_are_the_same_reply(server):
+    c = client(server)
+    one = c.chat.completions.create(**ASK)
+    assert _texts(c.chat.completions.create(**ASK, n=2)) == [one.choices[0].message.content] * 2
+
+
+def test_streamed_choices_equal_the_whole_ones(server):
+    c = client(server)
+    sampled = dict(ASK, temperature=0.8, seed=5, n=3)
+    whole = c.chat.completions.create(**sampled)
+    chunks = list(c.chat.completions.create(**sampled, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert [texts[i] for i in range(3)] == _texts(whole)
+    assert [finishes[i] for i in range(3)] == ["length"] * 3
+    usages = [ch.usage for ch in chunks if ch.usage is not None]
+    assert len(usages) == 1 and chunks[-1].usage is not None and not chunks[-1].choices
+    assert usages[0].completion_tokens == whole.usage.completion_tokens
+    with c.chat.completions.stream(**sampled) as stream:  # the SDK's accumulator, by index
+        for _ in stream:
+            pass
+        final = stream.current_completion_snapshot  # (its final one refuses a cut reply)
+    assert _texts(final) == _texts(whole)
+
+
+def test_each_choice_is_a_checked_tool_call(server):
+    c = client(server)
+    reply = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TINY_TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=40,
+        temperature=1.0, seed=3, n=2)
+    assert len(reply.choices) == 2
+    for choice in reply.choices:
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), TINY_SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("n", [0, 129, True, 2.0, "2"])
+def test_bad_n_is_refused_by_name(server, n):
+    status, answer = http(server, "/v1/chat/completions", {**ASK, "n": n})
+    assert status == 400 and answer["error"]["param"] == "n", answer
+
+
+def test_the_responses_api_takes_no_n(server):
+    status, answer = http(server, "/v1/responses", {"model": "tiny", "input": "hi", "n": 2})
+    assert status == 400 and answer["error"]["param"] == "n", answer
