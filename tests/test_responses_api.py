@@ -187,6 +187,7 @@ def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
     ({"include": ["message.output_text.logprob"]}, "include"),
     ({"include": LOGPROBS_INCLUDE}, "include"),
     ({"top_logprobs": 21}, "top_logprobs"),
+    ({"max_tool_calls": 0}, "max_tool_calls"),
     ({"top_logprobs": True, "include": [LOGPROBS_INCLUDE]}, "top_logprobs"),
     # the engine's checks, named as the Responses API names the fields
     ({"max_output_tokens": TINY_CONTEXT}, "max_output_tokens"),
@@ -234,6 +235,15 @@ def test_logprobs_asked_by_include_are_the_chat_apis_for_the_same_reply(server):
         _entries(part.logprobs)
     unasked = c.responses.create(**{**ask, "include": None})  # top_logprobs alone: nothing
     assert unasked.output[0].content[0].logprobs == [] and unasked.top_logprobs == 2
+
+
+def test_fields_that_change_nothing_here_are_accepted():
+    parsed = parse_responses_request({
+        "model": "m", "input": "hi", "max_tool_calls": 5, "truncation": "disabled",
+        "include": ["reasoning.encrypted_content", "file_search_call.results"], "store": False,
+        "top_logprobs": 3, "prompt_cache_key": "agent-1", "metadata": {"a": "b"}})
+    assert not isinstance(parsed, ApiError), parsed
+    assert not parsed.chat.logprobs and parsed.echo["top_logprobs"] == 3 and not parsed.store
 
 
 def test_a_calls_own_ids_carry_no_text_logprobs():

@@ -211,15 +211,16 @@ class GenerationHandler:
         while (item := await updates.get()) is not _END:
             for event in _follow(answer, assembler, item):
                 yield event
+        done: Completion | None = None
         try:
             done = await job
         except Exception as exc:
             failure = answer.failure(_internal(exc))
-        else:
+        else:  # None: cancelled while the client listens, so the server is stopping
             failure = [] if done is not None else answer.failure(ApiError(
                 503, "the generation was cancelled: the server is stopping",
-                type="server_error"))  # cancelled while the client listens
-        if failure or done is None:
+                type="server_error"))
+        if done is None:
             cancel.set()
             for event in failure:
                 yield event

@@ -27,7 +27,8 @@ session that holds the conversation. So:
   The other values OpenAI documents name output this server never produces (hosted tools'
   results, images, encrypted reasoning), so they include nothing; an unknown one is refused.
 - Fields that change nothing here are accepted (``metadata`` is echoed; ``user``,
-  ``truncation: "disabled"``, ...). What needs a capability this server lacks is refused by
+  ``truncation: "disabled"``, ``max_tool_calls``, which bounds calls to built-in tools only,
+  ...). What needs a capability this server lacks is refused by
   name: ``conversation`` (the Conversations API), hosted tools (``web_search``,
   ``file_search``, ...), ``reasoning`` items and options, ``background``, non-text input parts.
 
@@ -60,7 +61,8 @@ _NO_OPS: dict[str, Callable[[Any], bool]] = {
     "reasoning": lambda v: v is None,
     "conversation": lambda v: v is None,
     "background": lambda v: v in (None, False),
-    "max_tool_calls": lambda v: v is None,
+    # a bound on calls to OpenAI's built-in tools, which this server has none of
+    "max_tool_calls": lambda v: v is None or (type(v) is int and v >= 1),
     "prompt": lambda v: v is None,
     "stream_options": lambda v: v is None or isinstance(v, dict),
 }
