@@ -76,10 +76,8 @@ from nexus_mlx.decode.call_format import (
     ParsedTurn,
     checked_calls,
     cut_at_stop,
-    function_of,
     grounded_calls,
     normalized_messages,
-    parse_tool_calls,
     renders_tools,
     textual_messages,
 )
@@ -87,9 +85,10 @@ from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
 from nexus_mlx.decode.name_fsm import vocab_of
+from nexus_mlx.decode.prediction import Prediction, prediction_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
-from nexus_mlx.decode.turn_constraint import CallsOrResponse, turn_constraint
+from nexus_mlx.decode.turn_constraint import parsed_turn, turn_constraint
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot
@@ -438,6 +437,7 @@ class Session:
         ground_optional: bool = True,
         logprobs: int | None = None,
         on_logprob: Callable[[TokenLogprob], None] | None = None,
+        prediction: str | Sequence[int] | Prediction | None = None,
     ) -> Reply:
         """Step to the request, then decode up to ``max_tokens`` ids (greedy by default) from
         the live cache under the turn's constraint (``tool_choice`` over ``tools``, or a
@@ -450,7 +450,11 @@ class Session:
         (:func:`~nexus_mlx.decode.call_format.grounded_calls`; the reply's ``text`` keeps what
         the model wrote). ``logprobs`` (0 to 20): record the
         :class:`~.session_report.TokenLogprob` of each id but the end-of-turn one, with that many
-        alternatives, in ``reply.logprobs``, and hand each to ``on_logprob`` as it is chosen."""
+        alternatives, in ``reply.logprobs``, and hand each to ``on_logprob`` as it is chosen.
+        ``prediction`` (text, ids, or a fresh :class:`~nexus_mlx.decode.prediction.Prediction`
+        to set its drafts' length): what the reply is expected to repeat, drafted ahead and
+        verified: the same reply, sooner where it holds (``reply.drafts.predicted``,
+        ``.predicted_accepted``)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         # ids past the tokenizer's vocabulary (a padded head) have no text: no alternatives
@@ -464,12 +468,13 @@ class Session:
             report = self.step(messages, tools)
             out, finish, ttft, guarded, drafts = decode_reply(
                 self, constraint, max_tokens, tuple(stop), bool(calls), sampler or greedy,
-                tuple(logits_processors), on_token, start, score)
+                tuple(logits_processors), on_token, start, score,
+                prediction_of(prediction, self.tokenizer))
             decode_s = time.perf_counter() - start - ttft
         text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
         text = cut_at_stop(text, stop, bool(calls))
         ended = finish != "length"  # the model ended the turn itself
-        parsed = (_parsed_reply(text, tools or (), constraint, ended) if calls
+        parsed = (parsed_turn(text, tools or (), constraint, ended) if calls
                   else ParsedTurn(text.strip()))
         parsed = checked_calls(parsed, tools or ())
         if ground_optional and parsed.calls:
@@ -478,16 +483,6 @@ class Session:
             finish = "tool_calls" if finish != "length" else finish
         return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
                      parsed.errors, guarded, drafts, None if score is None else score.scores)
-
-
-def _parsed_reply(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any,
-                  ended: bool) -> ParsedTurn:
-    """The prose and calls of a reply that may hold calls. A reply held to a
-    ``response_format`` is that JSON, never a call written without its tags."""
-    if isinstance(constraint, CallsOrResponse):
-        return parse_tool_calls(text, ended=ended) if constraint.calling \
-            else ParsedTurn(text.strip())
-    return parse_tool_calls(text, [function_of(tool)["name"] for tool in tools], ended)
 
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:

@@ -22,8 +22,9 @@ session's next-token logits are those after it.
 
 Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` with the
 session's ``draft_tokens``: where the reply copies its conversation (an argument quoted from
-the request, an answer quoting a tool result) the copy is drafted and verified, several ids
-per forward pass; the ids chosen are those of one-id steps (up to float32 rounding), and drafts
+the request, an answer quoting a tool result) or follows its ``prediction``
+(:class:`~nexus_mlx.decode.prediction.Prediction`, drafted first) the copy is drafted and
+verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32 rounding), and drafts
 not confirmed are dropped before the guard heals and when the loop ends. It holds no state of
 its own; the session's lock is the caller's to hold.
 """
@@ -42,6 +43,7 @@ from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
 from nexus_mlx.decode.name_fsm import mask_logits
+from nexus_mlx.decode.prediction import Prediction
 
 if TYPE_CHECKING:
     from nexus_mlx.agent.session import Sampler, Session
@@ -54,13 +56,15 @@ leaves no choice over) in one pass; False: one id per pass, as a sampled id (a b
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
                  calls: bool, sample: Sampler, processors: tuple[LogitsProcessor, ...],
                  on_token: Callable[[int, str], None] | None, start: float,
-                 score: Callable[[mx.array, int], None] | None = None
+                 score: Callable[[mx.array, int], None] | None = None,
+                 prediction: Prediction | None = None
                  ) -> tuple[list[int], str, float, int, LookaheadStats]:
     """Decode one reply (module docstring)."""
     editor = session.editor
     lookahead = Lookahead(editor.advance_many, editor.drop, session.tokens,
                           max_draft=session.draft_tokens,
-                          room=lambda: session.max_positions - 1 - session.cache.n_past)
+                          room=lambda: session.max_positions - 1 - session.cache.n_past,
+                          prediction=prediction)
     try:
         return (*_decode(session, lookahead, constraint, max_tokens, stop, calls, sample,
                          processors, on_token, start, score), lookahead.stats)

@@ -24,7 +24,10 @@ Contract:
   they match its drafts, else from one new pass over the ids and a fresh draft. ``close()`` drops
   the rows of drafts not yet confirmed (call it before anything else reads or edits the cache;
   ``feed`` after ``close`` starts again). ``room()`` bounds the rows one pass may add. ``stats``
-  counts passes, drafted and accepted tokens.
+  counts passes, drafted and accepted tokens. With a ``prediction``
+  (:class:`~nexus_mlx.decode.prediction.Prediction`), every id fed advances it, and a pass drafts
+  what it expects next (up to its own ``max_draft``) before any copy from the context; its
+  drafts kept and dropped are counted in ``stats`` and in the prediction.
 
 It knows nothing about caches, models or constraints: the caller's callables do.
 """
@@ -33,11 +36,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nexus_mlx.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from nexus_mlx.decode.prediction import Prediction
 
 Row = Any  # what ``run`` gives per id: logits (V,), or a row object the decoder reads
 DEFAULT_DRAFT_TOKENS = 3
@@ -83,6 +89,8 @@ class LookaheadStats:
     passes: int = 0  # forward passes run
     drafted: int = 0  # drafted ids forwarded
     accepted: int = 0  # of them, confirmed by the decoder
+    predicted: int = 0  # drafted ids that came from a prediction
+    predicted_accepted: int = 0  # of them, confirmed
 
 
 class Lookahead:
@@ -91,7 +99,8 @@ class Lookahead:
     def __init__(self, run: Callable[[list[int], int], Any],  # rows, indexable by id
                  drop: Callable[[int, Row], None], context: Sequence[int] | np.ndarray, *,
                  max_draft: int = DEFAULT_DRAFT_TOKENS, min_match: int = DEFAULT_MIN_MATCH,
-                 room: Callable[[], int] | None = None) -> None:
+                 room: Callable[[], int] | None = None,
+                 prediction: Prediction | None = None) -> None:
         checked_draft_tokens(max_draft, "max_draft")
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise ArgumentError(f"min_match must be an integer >= 1, got {min_match!r}")
@@ -102,6 +111,8 @@ class Lookahead:
         self._drafts: list[int] = []  # forwarded, not yet confirmed
         self._ahead: list[Row] = []  # the row after each draft, in order
         self._last: Row | None = None  # the row after the last confirmed id
+        self._prediction = prediction
+        self._predicted = False  # whether the drafts forwarded came from the prediction
         self.stats = LookaheadStats()
 
     @property
@@ -125,6 +136,7 @@ class Lookahead:
             self._drafts.pop(0)
             self._last = self._ahead.pop(0)
             self.stats.accepted += 1
+            self.stats.predicted_accepted += self._predicted
             taken += 1
         self._extend(ids[:taken])
         if taken == len(ids):
@@ -137,6 +149,7 @@ class Lookahead:
         rows = self._run(rest + proposal, 1 + len(proposal))
         self.stats.passes += 1
         self.stats.drafted += len(proposal)
+        self.stats.predicted += len(proposal) if self._predicted else 0
         self._drafts = proposal
         self._ahead = [rows[i] for i in range(1, 1 + len(proposal))]
         self._last = rows[0]
@@ -150,9 +163,15 @@ class Lookahead:
         self._drafts, self._ahead = [], []
 
     def _draft(self, running: int) -> list[int]:
-        limit = self.max_draft
-        if self._room is not None:
-            limit = min(limit, self._room() - running)
+        room = self._room() - running if self._room is not None else None
+        self._predicted = False
+        if self._prediction is not None:
+            predicted = self._prediction.propose(self._prediction.max_draft if room is None
+                                                 else room)
+            if predicted:
+                self._predicted = True
+                return predicted
+        limit = self.max_draft if room is None else min(self.max_draft, room)
         if limit < 1:
             return []
         return propose(self.context, limit, min_match=self.min_match)
@@ -160,6 +179,8 @@ class Lookahead:
     def _extend(self, ids: list[int]) -> None:
         if not ids:
             return
+        if self._prediction is not None:
+            self._prediction.advance(ids)
         need = self._size + len(ids)
         if need > self._context.size:
             grown = np.zeros(max(need, 2 * self._context.size), dtype=np.int64)

@@ -17,6 +17,8 @@ Contract:
   writes them) and one JSON value under the format. No prose precedes a call there.
 - :func:`turn_constraint` picks one from a request's fields (None: free text); a forced
   ``tool_choice`` takes precedence over a ``response_format`` (the turn holds calls alone).
+- :func:`parsed_turn` reads a finished reply that may hold calls as its constraint wrote it: a
+  reply held to a ``response_format`` is that JSON, never a call written without its tags.
 
 Each has ``allowed()`` (the bool mask ``(V,)`` of the next token, or None when anything goes),
 ``forced()`` (the ids that must come next, the grammar's fast-forward included, so a decoder
@@ -40,7 +42,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.decode.call_format import CALL_CLOSE, CALL_OPEN, call_schema, function_of
+from nexus_mlx.decode.call_format import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ParsedTurn,
+    call_schema,
+    function_of,
+    parse_tool_calls,
+)
 from nexus_mlx.decode.json_constraint import JsonConstraint, compile_schema
 from nexus_mlx.decode.name_fsm import token_bytes, vocab_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN, checked_margin, restrained
@@ -341,3 +350,12 @@ def turn_constraint(
                                           for n in allowed]}}
         return CallsOrResponse(calls(forced), response)
     return calls(tool_choice)
+
+
+def parsed_turn(text: str, tools: Sequence[Mapping[str, Any]], constraint: Any,
+                ended: bool) -> ParsedTurn:
+    """The prose and calls of a reply that may hold calls (module docstring)."""
+    if isinstance(constraint, CallsOrResponse):
+        return parse_tool_calls(text, ended=ended) if constraint.calling \
+            else ParsedTurn(text.strip())
+    return parse_tool_calls(text, [function_of(tool)["name"] for tool in tools], ended)

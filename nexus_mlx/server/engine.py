@@ -233,7 +233,8 @@ class Engine:
             sampler=make_sampler(r.temperature, r.top_p, r.seed, choice), on_token=on_token,
             logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
                                                      r.logit_bias),
-            logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape)
+            logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape,
+            prediction=r.prediction)
         return reply, started, entries if r.logprobs else None
 
     def cancel_all(self) -> None:

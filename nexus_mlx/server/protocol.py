@@ -18,7 +18,9 @@ offending field in ``param``) — an expected rejection, so a return value. It a
   and ``presence_penalty`` in [-2, 2], ``logit_bias`` (token ids as decimal strings to biases in
   [-100, 100]), greedy or sampled (:func:`~.sampling.make_logits_processors`); ``logprobs``
   and ``top_logprobs`` (0 to 20; only with ``logprobs``); ``n`` (1 to 128): how many choices
-  to generate for the conversation, one after another;
+  to generate for the conversation, one after another; ``prediction`` (``{"type": "content",
+  "content": text or text parts}``): what the reply is expected to repeat, drafted and verified
+  (:mod:`~nexus_mlx.decode.prediction`), so it changes the reply's speed, never its ids;
 - fields OpenAI clients send that change nothing here (``user``, ``metadata``, ``store``,
   ``modalities: ["text"]``, ...). Any other field, or a value these cannot honour
   (``modalities: ["audio"]``), is refused by name rather than ignored.
@@ -92,6 +94,7 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per id, with logprobs
     n: int = 1  # choices to generate
+    prediction: str | None = None  # the predicted output's text
 
     @property
     def calls_allowed(self) -> bool:
@@ -147,6 +150,23 @@ def _choices(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
         raise ArgumentError(f"n must be an integer in [1, {MAX_CHOICES}], got {value!r}")
     return value
+
+
+def _prediction(value: Any) -> str:
+    """OpenAI's ``{"type": "content", "content": text or [{"type": "text", "text"}]}``."""
+    if not isinstance(value, Mapping) or value.get("type") != "content" \
+            or set(value) - {"type", "content"}:
+        raise ArgumentError(f"prediction must be {{'type': 'content', 'content': ...}}, got "
+                            f"{value!r:.80}")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+            isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    raise ArgumentError(f"prediction.content must be text or a list of text parts, got "
+                        f"{content!r:.80}")
 
 
 def _seed(value: Any) -> int:
@@ -230,7 +250,7 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
              "response_format", "stream", "stream_options", "max_tokens",
              "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-             "top_logprobs", "n", *_NO_OPS}
+             "top_logprobs", "n", "prediction", *_NO_OPS}
     problem = field_problem(body, known, _NO_OPS)
     if problem is not None:
         return problem
@@ -264,6 +284,7 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         ("logprobs", "logprobs", lambda v: _bool(v, "logprobs")),
         ("top_logprobs", "top_logprobs", check_top_logprobs),
         ("n", "n", _choices),
+        ("prediction", "prediction", _prediction),
     ]
     for key, target, check in checks:
         if body.get(key) is None:

@@ -4,7 +4,9 @@ extension, and the models list.
 Contract: pure functions from a finished (or growing) reply to JSON-ready dicts.
 ``usage`` carries ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
 ``prompt_tokens_details.cached_tokens`` (the rows the session kept or spliced rather than
-computed), plus ``nexus``: what the live cache did for this request (``path`` and ``reason``;
+computed), ``completion_tokens_details`` (``accepted_prediction_tokens`` /
+``rejected_prediction_tokens``: ids a ``prediction`` drafted that the reply kept / dropped),
+plus ``nexus``: what the live cache did for this request (``path`` and ``reason``;
 rows ``reused`` / ``spliced`` / ``repaired`` / ``computed`` / ``deleted``; the pooled
 ``session``; ``timings`` in seconds: the session's stages, ``ttft``, ``decode`` and ``queue``, the
 wait for a session and the model). Finish reasons map ``stop_string`` to ``stop``.
@@ -72,10 +74,15 @@ def usage(done: Completion, *later: Completion) -> dict[str, Any]:
     timings.update(ttft=round(reply.ttft_s, 6), decode=round(reply.decode_s, 6),
                    queue=round(done.queue_s, 6))
     generated = len(reply.tokens) + sum(len(c.reply.tokens) for c in later)
+    drafts = [c.reply.drafts for c in (done, *later)]
+    accepted = sum(d.predicted_accepted for d in drafts)
     return {
         "prompt_tokens": report.prompt_tokens,
         "completion_tokens": generated,
         "total_tokens": report.prompt_tokens + generated,
+        "completion_tokens_details": {
+            "reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(d.predicted for d in drafts) - accepted},
         "prompt_tokens_details": {"cached_tokens": report.reused + report.spliced},
         "nexus": {"path": report.path, "reason": report.reason, "reused": report.reused,
                   "spliced": report.spliced, "repaired": report.repaired,
