@@ -52,6 +52,7 @@ from report_agents import (
     guard_sweep_section,
     ir_hints_section,
     lookahead_section,
+    predicted_outputs_section,
     rerank_choice_section,
     routing_levers_section,
     server_section,
@@ -142,6 +143,8 @@ BENCHES: tuple[Bench, ...] = (
           lookahead_section, variants=True),
     Bench("forced_runs", "Live sessions: forced ids fed in one pass", AGENTS,
           forced_runs_section, variants=True),
+    Bench("predicted_outputs", "Live sessions: predicted outputs in code edits", AGENTS,
+          predicted_outputs_section, variants=True),
     Bench("guard_sweep", "Close-call guard: thresholds replayed from one unguarded run", AGENTS,
           guard_sweep_section, variants=True,
           command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "

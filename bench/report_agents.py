@@ -267,3 +267,21 @@ def forced_runs_section(d: dict[str, Any]) -> list[str]:
             f"{fmt_ci(get(d, 'overall', 'ratio_ci'), '.2f')}.",
             ""] + table(["turn", "same reply", "one id per pass ms", "forced runs ms",
                          "ratio [95% CI]", "passes", "ids"], rows)
+
+
+def predicted_outputs_section(d: dict[str, Any]) -> list[str]:
+    """``predicted_outputs``: code edits with no drafts, copy drafts and a prediction."""
+    arms = mapping(d, "arms")
+    rows = [[name, fmt(a.get("identical")), fmt(a.get("ms"), ".0f"),
+             f"{fmt(a.get('ratio'), '.2f')} {fmt_ci(a.get('ratio_ci'), '.2f')}",
+             f"{fmt(a.get('vs_context'), '.2f')} {fmt_ci(a.get('vs_context_ci'), '.2f')}",
+             fmt(a.get("passes")), f"{fmt(a.get('predicted_accepted'))} / "
+             f"{fmt(a.get('predicted'))}"]
+            for name, a in ((k, mapping(arms, k)) for k in arms)]
+    requests = d.get("requests")
+    count = len(requests) if isinstance(requests, list) else None
+    return [f"{fmt(count)} code edits ({fmt(d.get('ids'))} ids in all), each reply on a fresh "
+            f"session stepped to the prompt, {fmt(d.get('trials'))} paired trials; identical: "
+            "replies whose ids equal the one-id-per-pass arm's.",
+            ""] + table(["arm", "identical", "total ms", "vs one id per pass [95% CI]",
+                         "vs copy drafts [95% CI]", "passes", "predicted kept / drafted"], rows)

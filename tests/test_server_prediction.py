@@ -54,6 +54,11 @@ def test_the_reply_is_the_same_with_any_prediction(server, sampled):
                        c.chat.completions.create(**ask, prediction=_predicted(text), stream=True)
                        if chunk.choices)
     assert streamed == text
+    scored = [c.chat.completions.create(**ask, logprobs=True, top_logprobs=2, **extra)
+              for extra in ({}, {"prediction": _predicted(text)})]
+    assert [[(e.token, round(e.logprob, 3)) for e in s.choices[0].logprobs.content]
+            for s in scored] == [[(e.token, round(e.logprob, 3))
+                                  for e in scored[0].choices[0].logprobs.content]] * 2
 
 
 @pytest.mark.parametrize("prediction", [
