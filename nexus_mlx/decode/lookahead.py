@@ -26,8 +26,8 @@ Contract:
   ``feed`` after ``close`` starts again). ``room()`` bounds the rows one pass may add. ``stats``
   counts passes, drafted and accepted tokens. With a ``prediction``
   (:class:`~nexus_mlx.decode.prediction.Prediction`), every id fed advances it, and a pass drafts
-  what it expects next (up to its own ``max_draft``) before any copy from the context; its
-  drafts kept and dropped are counted in ``stats`` and in the prediction.
+  what it expects next (up to its own ``max_draft``) before any copy from the context;
+  ``stats.predicted`` and ``stats.predicted_accepted`` count its drafts and those kept.
 
 It knows nothing about caches, models or constraints: the caller's callables do.
 """

@@ -63,7 +63,7 @@ class Prediction:
                 self.cursor = self._realign()
 
     def propose(self, limit: int) -> list[int]:
-        if self.cursor is None:
+        if self.cursor is None or limit < 1:
             return []
         end = self.cursor + min(limit, self.max_draft)
         return [int(t) for t in self.ids[self.cursor:end]]
