@@ -281,7 +281,8 @@ def predicted_outputs_section(d: dict[str, Any]) -> list[str]:
     requests = d.get("requests")
     count = len(requests) if isinstance(requests, list) else None
     return [f"{fmt(count)} code edits ({fmt(d.get('ids'))} ids in all), each reply on a fresh "
-            f"session stepped to the prompt, {fmt(d.get('trials'))} paired trials; identical: "
-            "replies whose ids equal the one-id-per-pass arm's.",
+            "session stepped to the prompt, arms interleaved; ratios: medians over requests "
+            "(95% CI over requests); identical: replies whose ids equal the one-id-per-pass "
+            "arm's.",
             ""] + table(["arm", "identical", "total ms", "vs one id per pass [95% CI]",
                          "vs copy drafts [95% CI]", "passes", "predicted kept / drafted"], rows)
