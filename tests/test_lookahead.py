@@ -4,6 +4,8 @@ without drafts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -47,9 +49,11 @@ class Toy:
         assert mx.array_equal(logits, self.logits_after(len(self.rows)))
 
 
-def decode(prompt: list[int], steps: int, max_draft: int) -> tuple[list[int], Toy, Lookahead]:
+def decode(prompt: list[int], steps: int, max_draft: int, prediction: Any = None
+           ) -> tuple[list[int], Toy, Lookahead]:
     toy = Toy(prompt[:-1])
-    look = Lookahead(toy.run, toy.drop, prompt[:-1], max_draft=max_draft, min_match=2)
+    look = Lookahead(toy.run, toy.drop, prompt[:-1], max_draft=max_draft, min_match=2,
+                     prediction=prediction)
     logits = look.feed([prompt[-1]])
     out = []
     for _ in range(steps):

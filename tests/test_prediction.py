@@ -7,9 +7,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_lookahead import Toy
+from test_lookahead import decode
 
-from nexus_mlx.decode.lookahead import Lookahead
 from nexus_mlx.decode.prediction import Prediction
 from nexus_mlx.errors import ArgumentError
 
@@ -47,27 +46,13 @@ def test_bad_settings_are_refused() -> None:
         Prediction([1, 2], min_match=0)
 
 
-def _decode(prompt: list[int], steps: int, prediction: Prediction | None
-            ) -> tuple[list[int], Toy, Lookahead]:
-    toy = Toy(prompt[:-1])
-    look = Lookahead(toy.run, toy.drop, prompt[:-1], max_draft=0, prediction=prediction)
-    logits = look.feed([prompt[-1]])
-    out = []
-    for _ in range(steps):
-        token = int(mx.argmax(logits).item())
-        out.append(token)
-        logits = look.feed([token])
-    look.close()
-    return out, toy, look
-
-
 @pytest.mark.parametrize("kind", ["exact", "edited", "wrong", "empty"])
 def test_predicted_drafts_never_change_the_output(kind: str) -> None:
     prompt = [3, 1, 4, 1, 5]
-    plain, plain_toy, _ = _decode(prompt, 30, None)
+    plain, plain_toy, _ = decode(prompt, 30, 0)
     predicted = {"exact": plain, "edited": [*plain[:8], 6, 6, *plain[10:]],
                  "wrong": [0] * 30, "empty": []}[kind]
-    out, toy, look = _decode(prompt, 30, Prediction(predicted, max_draft=6))
+    out, toy, look = decode(prompt, 30, 0, Prediction(predicted, max_draft=6))
     assert out == plain and toy.rows == plain_toy.rows  # the same ids, the same cache
     stats = look.stats
     assert stats.predicted - stats.predicted_accepted == toy.dropped

@@ -15,7 +15,14 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from test_server import TINY_CONTEXT, TINY_SCHEMAS, _tiny_llama, client, http  # noqa: E402
+from test_server import (  # noqa: E402
+    TINY_CONTEXT,
+    TINY_SCHEMAS,
+    _tiny_llama,
+    client,
+    http,
+    running,
+)
 
 from nexus_mlx.errors import ArgumentError  # noqa: E402
 from nexus_mlx.server import serve  # noqa: E402
@@ -37,10 +44,8 @@ TOOLS = [{"type": "function", "name": name, "parameters": schema}
 
 @pytest.fixture(scope="module")
 def server(default_model):
-    running = serve(_tiny_llama(), default_model[1], model_name="tiny", host="127.0.0.1",
-                    port=0)
-    yield running
-    running.stop()
+    with running(_tiny_llama(), default_model[1], model_name="tiny") as tiny_server:
+        yield tiny_server
 
 
 def _streamed(c: Any, **ask: Any) -> tuple[Any, list[Any]]:
