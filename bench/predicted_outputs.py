@@ -9,7 +9,8 @@ session's default copy drafts from the conversation, which holds the code), and 
 (those, plus the original code block as the ``prediction``, drafting up to K of its ids per
 pass; :data:`DRAFTS`) and ``mismatched`` (the default prediction drafts, but with another
 request's code as the prediction: what a wrong prediction costs). Each reply takes a fresh session stepped to the prompt (untimed) and is
-timed alone (wall clock of ``generate``); arms rotate their order trial by trial. Every arm's
+timed alone (wall clock of ``generate``); arms rotate their order request by request (and
+trial by trial). Every arm's
 reply is compared with ``none``'s: ``identical`` counts replies whose ids are equal (verification
 makes them so up to float32 rounding). Per arm: total ms over all requests (each request's
 median over trials), ``ratio``: the median over requests of ``none``'s time over the arm's, with
@@ -104,11 +105,11 @@ def main() -> None:
     arms = ["none", "context", *(f"predicted-{k}" for k in DRAFTS), "mismatched"]
     asked = requests(args.quick)
     records = []
-    for request in asked:
+    for index, request in enumerate(asked):
         limit = len(tokenizer.encode(request["prediction"], add_special_tokens=False)) + SLACK
         replies: dict[str, Any] = {}
         for trial in range(trials):
-            shift = trial % len(arms)
+            shift = (index + trial) % len(arms)
             for arm in arms[shift:] + arms[:shift]:
                 out, ms = reply(model, tokenizer, request, arm, limit)
                 replies.setdefault(arm, (out, []))[1].append(ms)
