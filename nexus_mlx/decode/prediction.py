@@ -18,8 +18,8 @@ last stood (an edit moves forward through what it rewrites), else at the last on
 :func:`prediction_of` ``(value, tokenizer)`` reads what a caller passes: text (encoded without
 special tokens), ids, or a ``Prediction`` (returned as it is; None stays None).
 The drafts it made and those kept are counted by the decoder's ``Lookahead``
-(``stats.predicted``, ``stats.predicted_accepted``). It knows nothing about models, caches or
-tokenizers.
+(``stats.predicted``, ``stats.predicted_accepted``). It knows nothing about models or caches
+(of a tokenizer, :func:`prediction_of` calls only ``encode``).
 """
 
 from __future__ import annotations
