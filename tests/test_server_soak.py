@@ -6,7 +6,8 @@ evict or reseed another's cache), a 128 MiB cache budget, 16 stored responses an
 each reply. Each turn appends a user request (an append), offers three of nine real GitHub MCP
 tools, rotating (tool blocks spliced in and out), keeps only the last six messages (deletions
 repaired), and answers a call with a tool result. Every fourth turn continues a stored response
-through the Responses API (``previous_response_id``); every seventh is streamed and the client
+through the Responses API (``previous_response_id``; every eighth such turn starts a new chain,
+so that conversation stays bounded too); every seventh is streamed and the client
 leaves after its first event (a cancelled generation). After a warm-up of 100 turns, memory
 is sampled every 10 turns, in two parts:
 
@@ -50,6 +51,7 @@ MAX_GROWTH = 64 << 20
 MAX_SLOPE = 16 << 10
 CONVERSATIONS = 3
 WINDOW = 6  # messages kept after the system prompt
+CHAIN = 8  # Responses continued in one chain before a new one starts
 REQUESTS = (
     "list the open pull requests of octocat/hello-world",
     "what is in the README of octocat/hello-world?",
@@ -121,6 +123,7 @@ def test_server_turns_do_not_grow_memory(default_model, github_tools_file):
             request = REQUESTS[turn % len(REQUESTS)]
             offered = [tools[(turn + j) % len(tools)] for j in range(3)]
             if turn % 4 == 3:  # the Responses API, continuing the last stored response
+                previous = None if (turn // 4) % CHAIN == 0 else previous
                 response = c.responses.create(
                     model="default", input=request, previous_response_id=previous,
                     max_output_tokens=6, tools=[{"type": "function", **t["function"]}
