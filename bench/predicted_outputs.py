@@ -8,9 +8,9 @@ code block. Arms, on the same requests: ``none`` (one id per pass: no drafts), `
 session's default copy drafts from the conversation, which holds the code), and ``predicted-K``
 (those, plus the original code block as the ``prediction``, drafting up to K of its ids per
 pass; :data:`DRAFTS`) and ``mismatched`` (the default prediction drafts, but with another
-request's code as the prediction: what a wrong prediction costs). Each reply takes a fresh session stepped to the prompt (untimed) and is
-timed alone (wall clock of ``generate``); arms rotate their order request by request (and
-trial by trial). Every arm's
+request's code as the prediction: what a wrong prediction costs). Each reply takes a fresh
+session stepped to the prompt (untimed) and is timed alone (wall clock of ``generate``); arms
+rotate their order request by request (and trial by trial). Every arm's
 reply is compared with ``none``'s: ``identical`` counts replies whose ids are equal (verification
 makes them so up to float32 rounding). Per arm: total ms over all requests (each request's
 median over trials), ``ratio``: the median over requests of ``none``'s time over the arm's, with

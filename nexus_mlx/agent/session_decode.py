@@ -24,8 +24,8 @@ Tokens reach the cache through a :class:`~nexus_mlx.decode.lookahead.Lookahead` 
 session's ``draft_tokens``: where the reply copies its conversation (an argument quoted from
 the request, an answer quoting a tool result) or follows its ``prediction``
 (:class:`~nexus_mlx.decode.prediction.Prediction`, drafted first) the copy is drafted and
-verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32 rounding), and drafts
-not confirmed are dropped before the guard heals and when the loop ends. It holds no state of
+verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32
+rounding), and drafts not confirmed are dropped before the guard heals and when the loop ends. It holds no state of
 its own; the session's lock is the caller's to hold.
 """
 

@@ -24,6 +24,7 @@ The drafts it made and those kept are counted by the decoder's ``Lookahead``
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,11 +53,11 @@ class Prediction:
         self.min_match = min_match
         self.cursor: int | None = 0  # the predicted id expected next; None: not aligned
         self._last_place = 0  # where the reply last stood in the prediction
-        self._reply: list[int] = []
+        self._tail: deque[int] = deque(maxlen=MAX_MATCH)  # the reply's last ids
 
     def advance(self, ids: Sequence[int]) -> None:
         for token in ids:
-            self._reply.append(int(token))
+            self._tail.append(int(token))
             cursor = self.cursor
             if cursor is not None and cursor < self.ids.size and self.ids[cursor] == token:
                 self.cursor = self._last_place = cursor + 1
@@ -70,9 +71,9 @@ class Prediction:
         return [int(t) for t in self.ids[self.cursor:end]]
 
     def _realign(self) -> int | None:
-        reply = np.asarray(self._reply, dtype=np.int64)
-        for n in range(min(MAX_MATCH, reply.size), self.min_match - 1, -1):
-            ends = _occurrence_ends(self.ids, reply[-n:])
+        tail = np.asarray(self._tail, dtype=np.int64)
+        for n in range(tail.size, self.min_match - 1, -1):
+            ends = _occurrence_ends(self.ids, tail[-n:])
             if ends.size:
                 later = ends[ends >= self._last_place]
                 place = int(later[0] if later.size else ends[-1])

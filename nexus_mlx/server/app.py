@@ -131,7 +131,7 @@ class GenerationHandler:
             return _error(_internal(exc))
         if isinstance(prepared, ApiError):
             return _error(self.api.error(prepared))
-        assembler = ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
+        assembler = _assembler(chat)
         answer = self.api.answer(parsed, assembler)
         if chat.stream:
             return EventSourceResponse(self._events(prepared, assembler, answer), ping=15)
@@ -172,13 +172,11 @@ class GenerationHandler:
                       answer: Answer) -> AsyncIterator[dict[str, str]]:
         cancel = threading.Event()
         try:
-            for event in answer.opening():
-                yield event
             for choice in range(prepared.request.n):
                 if choice:
                     assembler = _next_assembler(answer, prepared)
-                    for event in answer.opening():
-                        yield event
+                for event in answer.opening():
+                    yield event
                 async for event in self._choice_events(prepared, assembler, answer, cancel,
                                                        choice):
                     yield event
@@ -230,10 +228,13 @@ class GenerationHandler:
             yield event
 
 
+def _assembler(chat: ChatRequest) -> ReplyAssembler:
+    return ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
+
+
 def _next_assembler(answer: Answer, prepared: Prepared) -> ReplyAssembler:
     """A new assembler for the answer's next choice."""
-    chat = prepared.request
-    assembler = ReplyAssembler(calls=chat.calls_allowed, stop=chat.stop)
+    assembler = _assembler(prepared.request)
     answer.next_choice(assembler)
     return assembler
 

@@ -9,8 +9,9 @@ probability reaches ``top_p`` (ties broken by id), with a ``numpy`` generator se
 64-bit two's complement): the same seed over the same logits gives the same ids, whatever else
 the process samples. ``stream`` (default 0) picks one of the seed's independent streams: the
 choices of a request with ``n`` > 1 draw from streams 0, 1, ..., so each differs from the others
-and choice 0 is the reply the request with ``n`` = 1 would get. Ids a constraint masked (``-inf``) are never drawn. It must run where the
-logits are evaluated (the session's decode loop); it knows nothing about requests or sessions.
+and choice 0 is the reply the request with ``n`` = 1 would get. Ids a constraint masked
+(``-inf``) are never drawn. It must run where the logits are evaluated (the session's decode
+loop); it knows nothing about requests or sessions.
 
 :func:`make_logits_processors` ``(frequency_penalty, presence_penalty, logit_bias)`` returns the
 logits processors of OpenAI's ``frequency_penalty`` / ``presence_penalty`` (a token's logit
