@@ -8,11 +8,15 @@ counts every choice's tokens once and the prompt once; bad ``n`` is refused by n
 
 ``prediction`` (OpenAI's predicted outputs): the reply is the same with a right, a partly right
 or a wrong prediction, whole and streamed, greedy and sampled, with logprobs; usage says how
-many predicted ids the reply kept and dropped; a malformed prediction is refused by name."""
+many predicted ids the reply kept and dropped; a malformed prediction is refused by name.
+
+Heap trimming: replies trim the C heap at most once per ``trim_heap_s`` (counted in
+``/health``), not at all with None; a bad ``--trim-heap`` is refused by name."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import jsonschema
@@ -25,9 +29,12 @@ from test_server import (  # noqa: E402
     TINY_TOOLS,
     _tiny_llama,
     client,
+    healthy,
     http,
     running,
 )
+
+from nexus_mlx._platform import heap  # noqa: E402
 
 ASK = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}],
            max_tokens=8)  # the choices' request
@@ -161,3 +168,37 @@ def test_the_reply_is_the_same_with_any_prediction(server, sampled):
 def test_a_malformed_prediction_is_refused_by_name(server, prediction):
     status, answer = http(server, "/v1/chat/completions", {**REWRITE, "prediction": prediction})
     assert status == 400 and answer["error"]["param"] == "prediction", answer
+
+
+# ---- heap trimming -------------------------------------------------------------------------
+@pytest.mark.skipif(not sys.platform.startswith("linux") or heap._malloc_trim() is None,
+                    reason="needs glibc's malloc_trim")
+def test_replies_trim_the_heap_at_most_once_per_interval(default_model):
+    from nexus_mlx._platform.mlx_thread import run_on_mlx_thread
+
+    for interval, trims in ((0.0, 3), (3600.0, 1)):
+        with running(_tiny_llama(), default_model[1], model_name="tiny",
+                     trim_heap_s=interval) as tiny_server:
+            for _ in range(3):
+                client(tiny_server).chat.completions.create(**dict(ASK, max_tokens=2))
+            run_on_mlx_thread(lambda: None)  # the queued trims have run
+            health = healthy(tiny_server)
+            assert health["heap_trims"] == trims and health["heap_trim_ms"] >= 0, health
+
+
+def test_a_server_without_heap_trimming_reports_none(default_model):
+    with running(_tiny_llama(), default_model[1], model_name="tiny",
+                 trim_heap_s=None) as tiny_server:
+        client(tiny_server).chat.completions.create(**dict(ASK, max_tokens=2))
+        assert "heap_trims" not in healthy(tiny_server)
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
+def test_a_bad_trim_interval_is_refused_by_name(value):
+    from nexus_mlx.cli import checks
+    from nexus_mlx.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="--trim-heap"):
+        checks.seconds_or_off(value, "--trim-heap")
+    assert checks.seconds_or_off("off", "--trim-heap") is None
+    assert checks.seconds_or_off("2.5", "--trim-heap") == 2.5

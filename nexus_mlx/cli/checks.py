@@ -70,6 +70,19 @@ def nats(value: float | None, option: str) -> float | None:
     return value
 
 
+def seconds_or_off(value: str, option: str) -> float | None:
+    """A finite number of seconds >= 0, or None for ``off``."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds < float("inf"):
+        raise ArgumentError(f"{option} must be a number of seconds >= 0 or 'off', got {value!r}")
+    return seconds
+
+
 def depths(values: list[int], option: str = "--depths") -> list[int]:
     bad = [v for v in values if v < 0]
     if bad:

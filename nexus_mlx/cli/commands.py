@@ -309,6 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     guard = checks.nats(args.guard, "--guard")
     draft_tokens = checks.non_negative_int(args.draft_tokens, "--draft-tokens")
     stored = checks.non_negative_int(args.max_stored_responses, "--max-stored-responses")
+    trim_heap_s = checks.seconds_or_off(args.trim_heap, "--trim-heap")
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
@@ -316,7 +317,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         policy=args.policy, budget=args.budget, cache_budget_mib=cache_mib,
                         max_sessions=max_sessions, max_tokens=max_tokens,
                         heal_after_reply=args.heal_after_reply, guard=guard,
-                        draft_tokens=draft_tokens, max_stored_responses=stored)
+                        draft_tokens=draft_tokens, max_stored_responses=stored,
+                        trim_heap_s=trim_heap_s)
     except BaseException:
         sock.close()
         raise

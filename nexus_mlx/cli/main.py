@@ -21,6 +21,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import NexusError
+from nexus_mlx.server.engine import DEFAULT_TRIM_HEAP_S
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES
 
 DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="N", help="Responses API: finished responses kept in memory for "
                    "previous_response_id and GET /v1/responses/{id} (least recently used "
                    f"dropped first); 0 keeps none (default {DEFAULT_MAX_RESPONSES})")
+    p.add_argument("--trim-heap", default=str(DEFAULT_TRIM_HEAP_S), metavar="SECONDS",
+                   help="after a reply, give the C heap's free pages back to the OS (glibc's "
+                   "malloc_trim) if SECONDS have passed since the last time, so a long-running "
+                   "server's RSS does not creep; 0: after every reply, off: never (default "
+                   f"{DEFAULT_TRIM_HEAP_S:g})")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

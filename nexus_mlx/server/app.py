@@ -20,8 +20,8 @@ Contract: ``build_app(engine, model_names, executor, store)`` serves
   ``GET /v1/responses/{id}`` reads one back, ``GET /v1/responses/{id}/input_items`` lists
   the items it answered (``after``, ``limit``, ``order``: :mod:`.response_store`)
   and ``DELETE /v1/responses/{id}`` forgets it (an unknown id: HTTP 404).
-- ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters, the
-  pool's sessions and bytes, and how many responses are stored).
+- ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (the engine's counters, heap
+  trims and MLX's memory, the pool's sessions and bytes, and how many responses are stored).
 
 A client that goes away stops its generation at the next token (streamed: the stream's end;
 whole: a disconnect poll). A failure inside generation is answered 500 (``server_error``), or as

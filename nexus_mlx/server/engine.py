@@ -18,7 +18,13 @@ definitions are new to its session. Both calls block and are meant for worker th
   finds an exact cache while the client was busy (running the tools the reply asked for);
   requests on other sessions may wait behind it. Healed rows and failed heals are counted in
   ``stats()``; a failed heal leaves the session as it was (its transaction) and is not the
-  request's error. ``guard`` (nats; default
+  request's error. After a reply, when ``trim_heap_s`` seconds (default
+  :data:`DEFAULT_TRIM_HEAP_S`; None: never) have passed since the last trim, a trim of the C
+  heap (:func:`~nexus_mlx._platform.heap.trim_heap`) is queued on the MLX thread the same way:
+  the free pages that many requests' allocations leave in glibc's heaps go back to the OS
+  instead of growing the RSS turn by turn. Trims and their time are counted in ``stats()``,
+  beside MLX's live arrays and its cache of freed buffers (bytes).
+  ``guard`` (nats; default
   :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
   guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
@@ -48,8 +54,10 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
+from nexus_mlx._platform.heap import HeapTrimmer
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
 from nexus_mlx.agent.session_file import template_digest
@@ -66,6 +74,7 @@ from nexus_mlx.server.responses import Completion, logprob_entry
 from nexus_mlx.server.sampling import make_logits_processors, make_sampler
 
 DEFAULT_MAX_TOKENS = 512
+DEFAULT_TRIM_HEAP_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -85,13 +94,18 @@ class Engine:
                  max_tokens: int = DEFAULT_MAX_TOKENS, tool_blocks: bool = True,
                  heal_after_reply: bool = False,
                  guard: float | None = DEFAULT_GUARD,
-                 draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
+                 draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
         self.policy, self.budget, self.guard = policy, budget, guard
         self.draft_tokens = draft_tokens
         self.heal_after_reply = bool(heal_after_reply) and policy == "repair"
+        try:
+            self.trimmer = None if trim_heap_s is None else HeapTrimmer(trim_heap_s)
+        except ValueError as exc:
+            raise ArgumentError(f"trim_heap_s: {exc}") from None
         # the renderer checks the policy and budget once; it never steps
         self.blocks: ToolBlocks | None = None
         self._renderer: Session = run_on_mlx_thread(self._new_session)
@@ -177,6 +191,8 @@ class Engine:
             else:
                 if self.heal_after_reply:
                     self._heal_later(entry.session)
+                if self.trimmer is not None and self.trimmer.claim():
+                    submit_to_mlx_thread(self.trimmer.trim)
             finally:
                 self.pool.release(entry)
             with self._lock:
@@ -247,4 +263,7 @@ class Engine:
             counts = {"served": self.served, "cancelled": self.cancelled, "failed": self.failed,
                       "in_flight": len(self._inflight), "healed_rows": self.healed_rows,
                       "heal_failures": self.heal_failures}
-        return {**counts, **self.pool.stats()}
+        trims = self.trimmer.stats() if self.trimmer is not None else {}
+        memory = {"mlx_active_bytes": mx.get_active_memory(),
+                  "mlx_cache_bytes": mx.get_cache_memory()}
+        return {**counts, **trims, **memory, **self.pool.stats()}

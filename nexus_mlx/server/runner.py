@@ -30,7 +30,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD, Policy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.app import build_app
-from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, Engine
+from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, DEFAULT_TRIM_HEAP_S, Engine
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 
 START_TIMEOUT_S = 30.0
@@ -65,7 +65,8 @@ class Server:
                  tool_blocks: bool = True, heal_after_reply: bool = False,
                  guard: float | None = DEFAULT_GUARD,
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-                 max_stored_responses: int = DEFAULT_MAX_RESPONSES) -> None:
+                 max_stored_responses: int = DEFAULT_MAX_RESPONSES,
+                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -75,7 +76,7 @@ class Server:
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
                              heal_after_reply=heal_after_reply, guard=guard,
-                             draft_tokens=draft_tokens)
+                             draft_tokens=draft_tokens, trim_heap_s=trim_heap_s)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
