@@ -4,6 +4,8 @@
   ``mlx.core`` is imported; ``import nexus_mlx`` does it first).
 - :mod:`.cpu_cache`: raise MLX's CPU buffer-cache limit on CPU-only builds.
 - :mod:`.cbuild`: compile the C sources in ``csrc/`` into the user cache, keyed by their hash.
+- :mod:`.mlx_thread`: one thread for the MLX work of objects that several threads share.
+- :mod:`.heap`: give the C heap's free pages back to the OS (glibc's ``malloc_trim``).
 
 It imports only :mod:`nexus_mlx.errors` and knows nothing of models, caches or tools.
 """
