@@ -82,6 +82,8 @@ HOSTILE = {  # id: (argv with {tmp} for the work folder, a fragment the one erro
                              "--draft-tokens must be an integer >= 0, got -1"),
     "serve-negative-drafts": (["serve", "--model", NOPE, "--port", "0", "--draft-tokens", "-2"],
                               "--draft-tokens must be an integer >= 0, got -2"),
+    "serve-bad-trim-heap": (["serve", "--model", NOPE, "--port", "0", "--trim-heap", "soon"],
+                            "--trim-heap must be a number of seconds >= 0 or 'off', got 'soon'"),
 }
 
 
