@@ -55,6 +55,7 @@ from report_agents import (
     predicted_outputs_section,
     rerank_choice_section,
     routing_levers_section,
+    server_memory_section,
     server_section,
     session_copies_section,
     session_section,
@@ -150,6 +151,8 @@ BENCHES: tuple[Bench, ...] = (
           command="python bench/guard_sweep.py results/agent_session_RUN_t*_margins.json "
           "--tag RUN"),
     Bench("server", "Server over HTTP vs mlx_lm.server", AGENTS, server_section),
+    Bench("server_memory", "Server memory over a long run: heap trims", AGENTS,
+          server_memory_section, variants=True),
     Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,
           agent_run_section, variants=True),
     Bench("blas", "BLAS: MLX CPU matmul vs numpy", ENG, blas_section),
