@@ -84,6 +84,9 @@ HOSTILE = {  # id: (argv with {tmp} for the work folder, a fragment the one erro
                               "--draft-tokens must be an integer >= 0, got -2"),
     "serve-bad-trim-heap": (["serve", "--model", NOPE, "--port", "0", "--trim-heap", "soon"],
                             "--trim-heap must be a number of seconds >= 0 or 'off', got 'soon'"),
+    "serve-bad-idle-release": (["serve", "--model", NOPE, "--port", "0", "--idle-release", "-5"],
+                               "--idle-release must be a number of seconds >= 0 or 'off', got "
+                               "'-5'"),
 }
 
 

@@ -11,7 +11,9 @@ or a wrong prediction, whole and streamed, greedy and sampled, with logprobs; us
 many predicted ids the reply kept and dropped; a malformed prediction is refused by name.
 
 Heap trimming: replies trim the C heap at most once per ``trim_heap_s`` (counted in
-``/health``), not at all with None; a bad ``--trim-heap`` is refused by name."""
+``/health``), not at all with None; a bad ``--trim-heap`` is refused by name. An idle server
+(``idle_release_s``) clears MLX's buffer cache and answers the same afterwards; its watcher
+ends with the server."""
 
 from __future__ import annotations
 
@@ -202,3 +204,20 @@ def test_a_bad_trim_interval_is_refused_by_name(value):
         checks.seconds_or_off(value, "--trim-heap")
     assert checks.seconds_or_off("off", "--trim-heap") is None
     assert checks.seconds_or_off("2.5", "--trim-heap") == 2.5
+
+
+def test_an_idle_server_gives_mlx_cache_back_and_answers_the_same_after(default_model):
+    import time
+
+    with running(_tiny_llama(), default_model[1], model_name="tiny",
+                 idle_release_s=0.3) as tiny_server:
+        c = client(tiny_server)
+        first = c.chat.completions.create(**ASK).choices[0].message.content
+        deadline = time.monotonic() + 20
+        while healthy(tiny_server)["idle_releases"] < 1:
+            assert time.monotonic() < deadline, healthy(tiny_server)
+            time.sleep(0.05)
+        health = healthy(tiny_server)
+        assert health["mlx_cache_bytes"] == 0 and health["idle_release_failures"] == 0, health
+        assert c.chat.completions.create(**ASK).choices[0].message.content == first
+    assert tiny_server.engine.idle is not None and tiny_server.engine.idle._watcher is None

@@ -310,6 +310,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     draft_tokens = checks.non_negative_int(args.draft_tokens, "--draft-tokens")
     stored = checks.non_negative_int(args.max_stored_responses, "--max-stored-responses")
     trim_heap_s = checks.seconds_or_off(args.trim_heap, "--trim-heap")
+    idle_release_s = checks.seconds_or_off(args.idle_release, "--idle-release")
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
@@ -318,7 +319,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_sessions=max_sessions, max_tokens=max_tokens,
                         heal_after_reply=args.heal_after_reply, guard=guard,
                         draft_tokens=draft_tokens, max_stored_responses=stored,
-                        trim_heap_s=trim_heap_s)
+                        trim_heap_s=trim_heap_s, idle_release_s=idle_release_s)
     except BaseException:
         sock.close()
         raise

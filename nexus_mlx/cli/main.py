@@ -21,7 +21,7 @@ from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import NexusError
-from nexus_mlx.server.engine import DEFAULT_TRIM_HEAP_S
+from nexus_mlx.server.engine import DEFAULT_IDLE_RELEASE_S, DEFAULT_TRIM_HEAP_S
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES
 
 DEBUG_HELP = "show the traceback of an error (accepted before or after the subcommand)"
@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "malloc_trim) if SECONDS have passed since the last time, so a long-running "
                    "server's RSS does not creep; 0: after every reply, off: never (default "
                    f"{DEFAULT_TRIM_HEAP_S:g})")
+    p.add_argument("--idle-release", default=str(DEFAULT_IDLE_RELEASE_S), metavar="SECONDS",
+                   help="once no request has been in flight for SECONDS, give back MLX's cache "
+                   "of freed buffers (and, with --trim-heap, the C heap's free pages); once per "
+                   f"idle period; off: never (default {DEFAULT_IDLE_RELEASE_S:g})")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

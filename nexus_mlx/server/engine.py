@@ -23,7 +23,10 @@ definitions are new to its session. Both calls block and are meant for worker th
   heap (:func:`~nexus_mlx._platform.heap.trim_heap`) is queued on the MLX thread the same way:
   the free pages that many requests' allocations leave in glibc's heaps go back to the OS
   instead of growing the RSS turn by turn. Trims and their time are counted in ``stats()``,
-  beside MLX's live arrays and its cache of freed buffers (bytes).
+  beside MLX's live arrays and its cache of freed buffers (bytes). Once no request has been in
+  flight for ``idle_release_s`` seconds (default :data:`DEFAULT_IDLE_RELEASE_S`; None: never),
+  MLX's buffer cache is cleared and the heap trimmed (with trims on), once per idle period
+  (:mod:`.idle`; counted as ``idle_releases``). ``close()`` stops that watch.
   ``guard`` (nats; default
   :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
   guard: stale rows are healed before a token whose top two logits are that close
@@ -68,6 +71,7 @@ from nexus_mlx.decode.name_fsm import token_bytes
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.models.arch import model_plan
+from nexus_mlx.server.idle import IdleRelease
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.responses import Completion, logprob_entry
@@ -75,6 +79,7 @@ from nexus_mlx.server.sampling import make_logits_processors, make_sampler
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TRIM_HEAP_S = 10.0
+DEFAULT_IDLE_RELEASE_S = 60.0
 log = logging.getLogger(__name__)
 
 
@@ -95,7 +100,8 @@ class Engine:
                  heal_after_reply: bool = False,
                  guard: float | None = DEFAULT_GUARD,
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S) -> None:
+                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
+                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
@@ -106,6 +112,11 @@ class Engine:
             self.trimmer = None if trim_heap_s is None else HeapTrimmer(trim_heap_s)
         except ValueError as exc:
             raise ArgumentError(f"trim_heap_s: {exc}") from None
+        try:
+            self.idle = None if idle_release_s is None else IdleRelease(
+                idle_release_s, self._release_idle_memory, self._busy)
+        except ValueError as exc:
+            raise ArgumentError(f"idle_release_s: {exc}") from None
         # the renderer checks the policy and budget once; it never steps
         self.blocks: ToolBlocks | None = None
         self._renderer: Session = run_on_mlx_thread(self._new_session)
@@ -201,6 +212,8 @@ class Engine:
         finally:
             with self._lock:
                 self._inflight.discard(cancel)
+            if self.idle is not None:
+                self.idle.activity()
 
     def _heal_later(self, session: Session) -> None:
         """Queue a heal of ``session`` on the MLX thread (ahead of any later request)."""
@@ -253,6 +266,23 @@ class Engine:
             prediction=r.prediction)
         return reply, started, entries if r.logprobs else None
 
+    def _busy(self) -> bool:
+        with self._lock:
+            return bool(self._inflight)
+
+    def _release_idle_memory(self) -> None:
+        """MLX's cache of freed buffers and the C heap's free pages back (idle; MLX thread)."""
+        def release() -> None:
+            mx.clear_cache()
+            if self.trimmer is not None:
+                self.trimmer.trim()
+        run_on_mlx_thread(release)
+
+    def close(self) -> None:
+        """Stop watching for idle periods (a server's stop)."""
+        if self.idle is not None:
+            self.idle.close()
+
     def cancel_all(self) -> None:
         with self._lock:
             for event in self._inflight:
@@ -264,6 +294,7 @@ class Engine:
                       "in_flight": len(self._inflight), "healed_rows": self.healed_rows,
                       "heal_failures": self.heal_failures}
         trims = self.trimmer.stats() if self.trimmer is not None else {}
+        trims.update(self.idle.stats() if self.idle is not None else {})
         memory = {"mlx_active_bytes": mx.get_active_memory(),
                   "mlx_cache_bytes": mx.get_cache_memory()}
         return {**counts, **trims, **memory, **self.pool.stats()}

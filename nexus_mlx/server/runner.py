@@ -30,7 +30,12 @@ from nexus_mlx.agent.session import DEFAULT_GUARD, Policy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server.app import build_app
-from nexus_mlx.server.engine import DEFAULT_MAX_TOKENS, DEFAULT_TRIM_HEAP_S, Engine
+from nexus_mlx.server.engine import (
+    DEFAULT_IDLE_RELEASE_S,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TRIM_HEAP_S,
+    Engine,
+)
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 
 START_TIMEOUT_S = 30.0
@@ -66,7 +71,8 @@ class Server:
                  guard: float | None = DEFAULT_GUARD,
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  max_stored_responses: int = DEFAULT_MAX_RESPONSES,
-                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S) -> None:
+                 trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
+                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -76,7 +82,8 @@ class Server:
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
                              heal_after_reply=heal_after_reply, guard=guard,
-                             draft_tokens=draft_tokens, trim_heap_s=trim_heap_s)
+                             draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
+                             idle_release_s=idle_release_s)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
@@ -137,6 +144,7 @@ class Server:
             self._thread.join(timeout)
         self.engine.cancel_all()  # anything that arrived meanwhile
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()
         if self._sock is not None:
             self._sock.close()
 
