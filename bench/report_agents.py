@@ -289,7 +289,8 @@ def predicted_outputs_section(d: dict[str, Any]) -> list[str]:
 
 
 def server_memory_section(d: dict[str, Any]) -> list[str]:
-    """``server_memory``: a long-running server's RSS with and without heap trims."""
+    """``server_memory``: a long-running server's RSS with and without heap trims and idle
+    releases."""
     arms = mapping(d, "arms")
 
     def thirds(a: dict[str, Any], key: str) -> str:
@@ -297,18 +298,22 @@ def server_memory_section(d: dict[str, Any]) -> list[str]:
         pair = values if isinstance(values, list) and len(values) == 2 else [None, None]
         return f"{fmt(pair[0], '.0f')} -> {fmt(pair[1], '.0f')}"
 
-    rows = [[name, str(a.get("trim_heap")), fmt(a.get("rss_first_mib"), ".0f"),
+    rows = [[name, str(a.get("options")), fmt(a.get("rss_first_mib"), ".0f"),
              fmt(a.get("rss_last_mib"), ".0f"), fmt(a.get("peak_rss_mib"), ".0f"),
              thirds(a, "rss_thirds_mib"), thirds(a, "outside_thirds_mib"),
              fmt(a.get("outside_slope_kib_per_turn"), ".0f"),
              f"{fmt(a.get('heap_trims'))} / {fmt(a.get('heap_trim_ms'), '.0f')} ms",
+             f"{fmt(get(a, 'idle', 'rss_mib'), '.0f')} / "
+             f"{fmt(get(a, 'idle', 'mlx_cache_mib'), '.0f')}",
              f"{fmt(a.get('served'))} / {fmt(a.get('cancelled'))} / {fmt(a.get('failed'))}"]
             for name, a in ((k, mapping(arms, k)) for k in arms)]
     return [f"{fmt(d.get('turns'))} turns of agent traffic per arm (three conversations, the "
-            f"server soak's), sampled every {fmt(d.get('every'))}; thirds: medians of the first "
-            "and last third of the samples; outside MLX: RSS less MLX's live arrays and buffer "
-            f"cache. Trim arm's last-third RSS over the untrimmed arm's: "
-            f"{fmt(d.get('trim_over_off'), '.3f')}.",
-            ""] + table(["arm", "--trim-heap", "RSS first MiB", "RSS last MiB", "peak MiB",
+            f"server soak's), sampled every {fmt(d.get('every'))}, then once after idling past "
+            "the release; thirds: medians of the first and last third of the samples; outside "
+            "MLX: RSS less MLX's live arrays and buffer cache. On over off, last-third RSS: "
+            f"{fmt(d.get('on_over_off'), '.3f')}; idle RSS: "
+            f"{fmt(d.get('idle_on_over_off'), '.3f')}.",
+            ""] + table(["arm", "options", "RSS first MiB", "RSS last MiB", "peak MiB",
                          "RSS thirds MiB", "outside MLX thirds MiB", "outside slope KiB/turn",
-                         "trims / time", "served / cancelled / failed"], rows)
+                         "trims / time", "idle RSS / MLX cache MiB",
+                         "served / cancelled / failed"], rows)
