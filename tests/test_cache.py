@@ -10,7 +10,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from tiny_models import VOCAB, tiny_model
 
 from nexus_mlx.errors import CacheError, PositionError
+from nexus_mlx.kv import cache as cache_module
 from nexus_mlx.kv.cache import NexusCache
+from nexus_mlx.kv.rope import RopeSpec
 from nexus_mlx.models.forward import forward, make_cache
 
 TOL = 1e-4
@@ -140,6 +142,30 @@ def test_write_precomputed_rows_matches_forward(model):
     )
     assert (other.tokens == -1).all()
     assert _diff(forward(model, [3], cache), forward(model, [3], other)) <= 1e-6
+
+
+@pytest.mark.parametrize("layout", ["row", "transposed"])
+@pytest.mark.parametrize("max_slice_runs", [cache_module.MAX_SLICE_RUNS, 0, 64])  # 0: scatter
+@pytest.mark.parametrize("rows", [[4, 5, 6], [9, 2, 3, 4, 15], list(range(0, 20, 2)),
+                                  [19, 18, 17, 0]])
+def test_overwritten_rows_hold_the_new_kv_whether_sliced_or_scattered(
+        monkeypatch, layout, max_slice_runs, rows):
+    """Rows in any order and any number of runs get exactly the written K/V; others keep
+    theirs, bit for bit."""
+    monkeypatch.setattr(cache_module, "MAX_SLICE_RUNS", max_slice_runs)
+    rng = np.random.default_rng(len(rows))
+    cache = NexusCache([RopeSpec(head_dim=4, dims=4, base=1e4)], 2, 4, v_layout=layout)
+    old_k, old_v = (rng.normal(size=(1, 2, 20, 4)).astype(np.float32) for _ in range(2))
+    cache.write(np.arange(20), [mx.array(old_k)], [mx.array(old_v)])
+    plan = cache.plan_write(rows, np.array(rows) + 100)
+    assert plan.runs[0][0] == 0 and plan.runs[-1][1] == len(rows)
+    cache.commit_positions(plan, None)
+    new_k, new_v = (rng.normal(size=(1, 2, len(rows), 4)).astype(np.float32) for _ in range(2))
+    cache.write_layer(0, plan, mx.array(new_k), mx.array(new_v))
+    want_k, want_v = old_k.copy(), old_v.copy()
+    want_k[:, :, rows], want_v[:, :, rows] = new_k, new_v
+    assert np.array_equal(np.array(cache.keys(0)), want_k)
+    assert np.array_equal(np.array(cache.values(0)), want_v)
 
 
 def test_capacity_grows_in_steps():
