@@ -35,9 +35,10 @@ token is chosen from exact logits (``StepReport.guarded`` / ``Reply.guarded`` co
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
 top-1 agreement against a fresh prefill of the same ids). ``generate(messages, tools)`` steps,
-then decodes from the live cache (:mod:`~nexus_mlx.agent.session_decode`: where the reply copies
-the conversation, ``draft_tokens`` ids are drafted and verified per pass, the same reply sooner;
-0 turns it off; a greedy id is picked by the model's certified head where it can prove it,
+then decodes from the live cache (``complete(prompt_ids)`` does so for raw ids: no template, no
+turn; :mod:`~nexus_mlx.agent.session_decode`: where the reply copies the conversation,
+``draft_tokens`` ids are drafted and verified per pass, the same reply sooner; 0 turns it off;
+a greedy id is picked by the model's certified head where it can prove it,
 :mod:`~nexus_mlx.decode.certified_head`, without the full output projection, the same reply
 sooner; ``certified_head=False`` turns it off); the reply's tokens stay cached, so the next
 request that carries the reply back is an append. Under policy ``exact`` every step's logits
@@ -58,6 +59,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import mlx.core as mx
@@ -66,8 +68,7 @@ import numpy as np
 
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
-from nexus_mlx.agent.session_decode import decode_reply
-from nexus_mlx.agent.session_report import LogprobRecorder
+from nexus_mlx.agent.session_decode import check_max_tokens, decode_turn
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.session_report import TokenLogprob as TokenLogprob  # re-exported
@@ -75,7 +76,6 @@ from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
     ParsedTurn,
     checked_calls,
-    cut_at_stop,
     grounded_calls,
     normalized_messages,
     renders_tools,
@@ -84,7 +84,6 @@ from nexus_mlx.decode.call_format import (
 from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_tokens
-from nexus_mlx.decode.name_fsm import vocab_of
 from nexus_mlx.decode.prediction import Prediction, prediction_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
@@ -455,34 +454,46 @@ class Session:
         to set its drafts' length): what the reply is expected to repeat, drafted ahead and
         verified: the same reply, sooner where it holds (``reply.drafts.predicted``,
         ``.predicted_accepted``)."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        # ids past the tokenizer's vocabulary (a padded head) have no text: no alternatives
-        score = None if logprobs is None else LogprobRecorder(
-            logprobs, vocab_of(self.tokenizer).size, on_logprob)
+        check_max_tokens(max_tokens)
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
                                      response_format, self.eos_token_ids, optional_margin)
-        calls = tools and tool_choice != "none"  # whether the reply's text may hold calls
-        with self.lock:
-            start = time.perf_counter()
-            report = self.step(messages, tools)
-            out, finish, ttft, guarded, drafts = decode_reply(
-                self, constraint, max_tokens, tuple(stop), bool(calls), sampler or greedy,
-                tuple(logits_processors), on_token, start, score,
-                prediction_of(prediction, self.tokenizer))
-            decode_s = time.perf_counter() - start - ttft
-        text = self.tokenizer.decode(out[:-1] if finish == "stop" else out)
-        text = cut_at_stop(text, stop, bool(calls))
-        ended = finish != "length"  # the model ended the turn itself
-        parsed = (parsed_turn(text, tools or (), constraint, ended) if calls
-                  else ParsedTurn(text.strip()))
+        calls = bool(tools and tool_choice != "none")  # whether the reply's text may hold calls
+        reply = decode_turn(self, lambda: self.step(messages, tools), constraint, calls,
+                            max_tokens, tuple(stop), sampler or greedy, tuple(logits_processors),
+                            on_token, logprobs, on_logprob,
+                            prediction_of(prediction, self.tokenizer))
+        parsed = (parsed_turn(reply.text, tools or (), constraint, reply.ended) if calls
+                  else ParsedTurn(reply.text.strip()))
         parsed = checked_calls(parsed, tools or ())
         if ground_optional and parsed.calls:
             parsed = grounded_calls(parsed, tools or (), quoted_text(messages))
+        finish = reply.finish_reason
         if parsed.calls:
             finish = "tool_calls" if finish != "length" else finish
-        return Reply(text, out, finish, report, ttft, decode_s, parsed.content, parsed.calls,
-                     parsed.errors, guarded, drafts, None if score is None else score.scores)
+        return replace(reply, finish_reason=finish, content=parsed.content,
+                       tool_calls=parsed.calls, call_errors=parsed.errors)
+
+    def complete(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        sampler: Sampler | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
+        on_token: Callable[[int, str], None] | None = None,
+        logprobs: int | None = None,
+        on_logprob: Callable[[TokenLogprob], None] | None = None,
+    ) -> Reply:
+        """Step to the token ids as they are (no chat template: a raw completion) and continue
+        them like :meth:`generate` without a turn's constraint, until an end-of-sequence id, a
+        ``stop`` string or ``max_tokens``; ``reply.content`` is the text as generated (not
+        stripped), never read as calls."""
+        check_max_tokens(max_tokens)
+        reply = decode_turn(self, lambda: self.step_ids(prompt_ids), None, False, max_tokens,
+                            tuple(stop), sampler or greedy, tuple(logits_processors), on_token,
+                            logprobs, on_logprob, None)
+        return replace(reply, content=reply.text)
 
 
 def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:

@@ -1,6 +1,9 @@
-"""The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>`.
+"""The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>` and
+:meth:`Session.complete <nexus_mlx.agent.session.Session.complete>`.
 
-Contract: ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
+Contract: ``decode_turn(session, step, ...)`` steps and decodes one reply under the session's
+lock and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings, log
+probabilities); ````decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
 on_token, start, score=None)`` decodes from the session's live cache, after a step, one token at a
 time under the turn's ``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from exact
@@ -25,8 +28,8 @@ session's ``draft_tokens``: where the reply copies its conversation (an argument
 the request, an answer quoting a tool result) or follows its ``prediction``
 (:class:`~nexus_mlx.decode.prediction.Prediction`, drafted first) the copy is drafted and
 verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32
-rounding), and drafts not confirmed are dropped before the guard heals and when the loop ends. It holds no state of
-its own; the session's lock is the caller's to hold.
+rounding), and drafts not confirmed are dropped before the guard heals and when the loop ends.
+It holds no state of its own; ``decode_reply``'s caller holds the session's lock.
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.agent.session_report import LogprobRecorder, Reply, StepReport, TokenLogprob
 from nexus_mlx.decode.call_format import cut_at_stop
 from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
-from nexus_mlx.decode.name_fsm import mask_logits
+from nexus_mlx.decode.name_fsm import mask_logits, vocab_of
 from nexus_mlx.decode.prediction import Prediction
+from nexus_mlx.errors import ArgumentError
 
 if TYPE_CHECKING:
     from nexus_mlx.agent.session import Sampler, Session
@@ -51,6 +56,36 @@ if TYPE_CHECKING:
 FEED_FORCED_RUNS = True
 """Feed a run of ids the constraint forces (a call's opener and closer, the JSON the grammar
 leaves no choice over) in one pass; False: one id per pass, as a sampled id (a baseline)."""
+
+
+def check_max_tokens(max_tokens: Any) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+
+
+def decode_turn(session: Session, step: Callable[[], StepReport], constraint: Any, calls: bool,
+                max_tokens: int, stop: tuple[str, ...], sample: Sampler,
+                processors: tuple[LogitsProcessor, ...],
+                on_token: Callable[[int, str], None] | None, logprobs: int | None,
+                on_logprob: Callable[[TokenLogprob], None] | None,
+                prediction: Prediction | None) -> Reply:
+    """``step()`` (the session's step to the request), then :func:`decode_reply`, under the
+    session's lock: the reply's text (end-of-turn id and stop string removed), ids, finish,
+    report, timings, guarded rows, drafts and, with ``logprobs`` (alternatives per id), each
+    id's :class:`TokenLogprob`; its content and calls are the caller's to read."""
+    score = None if logprobs is None else LogprobRecorder(
+        logprobs, vocab_of(session.tokenizer).size, on_logprob)
+    with session.lock:
+        start = time.perf_counter()
+        report = step()
+        out, finish, ttft, guarded, drafts = decode_reply(
+            session, constraint, max_tokens, stop, calls, sample, processors, on_token, start,
+            score, prediction)
+        decode_s = time.perf_counter() - start - ttft
+    text = session.tokenizer.decode(out[:-1] if finish == "stop" else out)
+    return Reply(cut_at_stop(text, stop, calls), out, finish, report, ttft, decode_s,
+                 guarded=guarded, drafts=drafts,
+                 logprobs=None if score is None else score.scores)
 
 
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
