@@ -1,5 +1,5 @@
-"""The HTTP surface: a Starlette app with OpenAI's chat-completions and Responses routes over an
-:class:`Engine`.
+"""The HTTP surface: a Starlette app with OpenAI's chat-completions, completions and Responses
+routes over an :class:`Engine`.
 
 Contract: ``build_app(engine, model_names, executor, store)`` serves
 
@@ -13,6 +13,9 @@ Contract: ``build_app(engine, model_names, executor, store)`` serves
   ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`). With ``n``
   > 1 the choices are generated one after another on the same live session (each later one
   reuses the prompt's rows) and streamed one after another, each chunk naming its ``index``.
+- ``POST /v1/completions``: the legacy completions API, a raw prompt continued without the
+  chat template (:mod:`.completions_api`), checked, served and answered the same way
+  (``text_completion`` objects or chunks).
 - ``POST /v1/responses``: the Responses API, read as the chat request it asks for
   (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
   its typed events (:mod:`.answers`). Finished responses are kept in ``store``
@@ -52,6 +55,7 @@ from starlette.routing import Route
 from nexus_mlx.errors import ArgumentError, NexusError
 from nexus_mlx.server import responses as R
 from nexus_mlx.server.answers import Answer, ChatAnswer, ResponsesAnswer
+from nexus_mlx.server.completions_api import CompletionsAnswer, parse_completions_request
 from nexus_mlx.server.engine import Engine, Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest, parse_chat_request
 from nexus_mlx.server.response_store import DEFAULT_PAGE_ITEMS, ResponseStore, input_items_page
@@ -84,11 +88,14 @@ class Api:
 
     parse: Callable[[Any], Any]  # body -> its request, or an ApiError
     chat: Callable[[Any], ChatRequest]  # its request -> the chat request the engine serves
-    answer: Callable[[Any, ReplyAssembler], Answer]
+    answer: Callable[[Any, ReplyAssembler, Prepared], Answer]
     error: Callable[[ApiError], ApiError] = lambda e: e  # the engine's error, in its field names
 
 
-CHAT = Api(parse_chat_request, lambda r: r, ChatAnswer)
+CHAT = Api(parse_chat_request, lambda r: r, lambda r, assembler, _: ChatAnswer(r, assembler))
+COMPLETIONS = Api(parse_completions_request, lambda r: r.chat,
+                  lambda r, assembler, prepared: CompletionsAnswer(r, assembler,
+                                                                   prepared.prompt_text))
 
 
 def responses_api(store: ResponseStore) -> Api:
@@ -99,11 +106,12 @@ def responses_api(store: ResponseStore) -> Api:
         return None if found is None else found.items
 
     return Api(lambda body: parse_responses_request(body, previous), lambda r: r.chat,
-               lambda r, assembler: ResponsesAnswer(r, assembler, store), responses_error)
+               lambda r, assembler, _: ResponsesAnswer(r, assembler, store), responses_error)
 
 
 class GenerationHandler:
-    """``POST /v1/chat/completions`` and ``POST /v1/responses`` (see the module docstring)."""
+    """``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/responses`` (see the module
+    docstring)."""
 
     def __init__(self, api: Api, engine: Engine, model_names: list[str],
                  executor: Executor) -> None:
@@ -132,7 +140,7 @@ class GenerationHandler:
         if isinstance(prepared, ApiError):
             return _error(self.api.error(prepared))
         assembler = _assembler(chat)
-        answer = self.api.answer(parsed, assembler)
+        answer = self.api.answer(parsed, assembler, prepared)
         if chat.stream:
             return EventSourceResponse(self._events(prepared, assembler, answer), ping=15)
         return await self._whole(request, prepared, assembler, answer)
@@ -271,6 +279,7 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor,
     started = R.now()
     store = ResponseStore() if store is None else store
     chat = GenerationHandler(CHAT, engine, model_names, executor)
+    completions = GenerationHandler(COMPLETIONS, engine, model_names, executor)
     responses = GenerationHandler(responses_api(store), engine, model_names, executor)
 
     async def models(request: Request) -> Response:
@@ -321,6 +330,7 @@ def build_app(engine: Engine, model_names: list[str], executor: Executor,
 
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/completions", completions.handle, methods=["POST"]),
         Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/v1/responses/{response_id}", stored, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),

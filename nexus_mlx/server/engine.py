@@ -7,8 +7,10 @@ compiled tool blocks (:mod:`~nexus_mlx.agent.tool_blocks`, compiled at a tool's 
 a reply never depends on other conversations' traffic), spliced where a request's tool
 definitions are new to its session. Both calls block and are meant for worker threads:
 
-- ``prepare(request)`` renders the conversation with the model's chat template and checks what
-  only the model can: that the template renders it, that it fits the context (with the asked
+- ``prepare(request)`` renders the conversation with the model's chat template (a raw
+  ``prompt``, the completions API's, is encoded as it is, or its ids checked against the
+  vocabulary; its text is kept for ``echo``) and checks what only the model can: that the
+  template renders it, that it fits the context (with the asked
   ``max_tokens``: HTTP 400 ``context_length_exceeded``, as OpenAI answers), that the tools'
   schemas and the ``response_format`` compile to grammars. It returns a :class:`Prepared`
   request or an :class:`ApiError`; nothing is cached yet.
@@ -32,8 +34,9 @@ definitions are new to its session. Both calls block and are meant for worker th
   guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
 - ``complete(prepared, on_text, cancel, on_logprob, choice)`` takes a pooled session (the one
-  whose cache keeps the most of this conversation, :mod:`.pool`), generates under the request's
-  constraint, sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
+  whose cache keeps the most of this conversation, :mod:`.pool`), generates (a raw prompt with
+  :meth:`~nexus_mlx.agent.session.Session.complete`) under the request's constraint,
+  sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
   :func:`~.sampling.make_sampler`) and logits processors, calls
   ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
   ``on_text(text_so_far)`` after each token, and returns a :class:`Completion`, or None when
@@ -89,6 +92,7 @@ class Prepared:
     ids: np.ndarray  # the rendered conversation, the assistant's turn opened
     max_tokens: int
     arrived: float  # time.perf_counter() when the request arrived
+    prompt_text: str = ""  # a raw prompt's text (what ``echo`` repeats); "" for a chat
 
 
 class Engine:
@@ -142,11 +146,32 @@ class Engine:
         arrived = time.perf_counter() if arrived is None else arrived
         return run_on_mlx_thread(self._prepare, request, arrived)
 
+    def _prompt(self, request: ChatRequest) -> tuple[list[int], str] | ApiError:
+        """The ids the request asks to continue and a raw prompt's text: the rendered
+        conversation (the assistant's turn opened), or the raw prompt's ids as they are."""
+        prompt = request.prompt
+        if prompt is None:
+            try:
+                return self._renderer.render(request.messages, request.tools or None), ""
+            except ArgumentError as exc:
+                return ApiError(400, str(exc), "messages")
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer.encode(prompt))
+            if not ids:
+                return ApiError(400, "the prompt is empty: it encodes to no tokens", "prompt")
+            return ids, prompt
+        outside = [i for i in prompt if not 0 <= i < self._vocab_size]
+        if outside:
+            return ApiError(400, f"the prompt names token ids outside the vocabulary (size "
+                            f"{self._vocab_size}): {outside[:5]}", "prompt")
+        return list(prompt), self.tokenizer.decode(list(prompt))
+
     def _prepare(self, request: ChatRequest, arrived: float) -> Prepared | ApiError:
-        try:
-            ids = self._renderer.render(request.messages, request.tools or None)
-        except ArgumentError as exc:
-            return ApiError(400, str(exc), "messages")
+        prompt = self._prompt(request)
+        if isinstance(prompt, ApiError):
+            return prompt
+        ids, prompt_text = prompt
+        where = "messages" if request.prompt is None else "prompt"
         outside = sorted(i for i in request.logit_bias if i >= self._vocab_size)
         if outside:
             return ApiError(400, f"logit_bias names token ids outside the vocabulary "
@@ -154,12 +179,12 @@ class Engine:
         n, limit = len(ids), self.context
         if n >= limit:
             return ApiError(400, f"This model's maximum context length is {limit} tokens. "
-                            f"However, your messages resulted in {n} tokens.", "messages",
+                            f"However, your {where} resulted in {n} tokens.", where,
                             "context_length_exceeded")
         if request.max_tokens is not None and n + request.max_tokens > limit:
             return ApiError(400, f"This model's maximum context length is {limit} tokens. "
                             f"However, you requested {n + request.max_tokens} tokens ({n} in "
-                            f"the messages, {request.max_tokens} in the completion).",
+                            f"the {where}, {request.max_tokens} in the completion).",
                             "max_tokens", "context_length_exceeded")
         eos = self._renderer.eos_token_ids
         for param, tools, choice, fmt in (
@@ -173,7 +198,8 @@ class Engine:
             except (ToolError, ArgumentError) as exc:
                 return ApiError(400, str(exc), param)
         max_tokens = request.max_tokens or min(self.max_tokens, limit - n)
-        return Prepared(request, np.asarray(ids, dtype=np.int64), max_tokens, arrived)
+        return Prepared(request, np.asarray(ids, dtype=np.int64), max_tokens, arrived,
+                        prompt_text)
 
     # ---- generating ---------------------------------------------------------------------
     def complete(self, prepared: Prepared, on_text: Callable[[str], None] | None = None,
@@ -255,15 +281,19 @@ class Engine:
                 on_logprob(entries[-1])
 
         r = prepared.request
-        reply = session.generate(
-            r.messages, r.tools or None, tool_choice=r.tool_choice,
-            parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
+        options: dict[str, Any] = dict(
             max_tokens=prepared.max_tokens, stop=r.stop,
             sampler=make_sampler(r.temperature, r.top_p, r.seed, choice), on_token=on_token,
             logits_processors=make_logits_processors(r.frequency_penalty, r.presence_penalty,
                                                      r.logit_bias),
-            logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape,
-            prediction=r.prediction)
+            logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape)
+        if r.prompt is not None:  # a raw completion: the ids as they are
+            reply = session.complete(prepared.ids, **options)
+        else:
+            reply = session.generate(
+                r.messages, r.tools or None, tool_choice=r.tool_choice,
+                parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
+                prediction=r.prediction, **options)
         return reply, started, entries if r.logprobs else None
 
     def _busy(self) -> bool:

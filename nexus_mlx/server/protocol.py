@@ -95,6 +95,7 @@ class ChatRequest:
     top_logprobs: int = 0  # alternatives per id, with logprobs
     n: int = 1  # choices to generate
     prediction: str | None = None  # the predicted output's text
+    prompt: str | tuple[int, ...] | None = None  # continued as is, no template (completions)
 
     @property
     def calls_allowed(self) -> bool:
@@ -102,13 +103,13 @@ class ChatRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def _bool(value: Any, name: str) -> bool:
+def check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise ArgumentError(f"{name} must be a boolean, got {value!r}")
     return value
 
 
-def _positive_int(value: Any, name: str) -> int:
+def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
     return value
@@ -217,7 +218,7 @@ def _response_format(value: Any) -> dict[str, Any] | None:
 def _include_usage(value: Any) -> bool:
     if not isinstance(value, dict) or set(value) - {"include_usage", "include_obfuscation"}:
         raise ArgumentError("stream_options must be {'include_usage': bool}")
-    return _bool(value.get("include_usage", False), "stream_options.include_usage")
+    return check_bool(value.get("include_usage", False), "stream_options.include_usage")
 
 
 def _error(exc: ArgumentError, param: str) -> ApiError:
@@ -242,6 +243,44 @@ def field_problem(body: Mapping[str, Any], known: set[str],
     return None
 
 
+Check = tuple[str, str, Callable[[Any], Any]]  # body field, request field, its check
+SAMPLING_CHECKS: list[Check] = [  # what the completions APIs share: streaming and sampling
+    ("stream", "stream", lambda v: check_bool(v, "stream")),
+    ("stream_options", "include_usage", _include_usage),
+    ("temperature", "temperature", lambda v: _number(v, "temperature", 0.0, 2.0)),
+    ("top_p", "top_p", lambda v: _number(v, "top_p", 0.0, 1.0, open_low=True)),
+    ("seed", "seed", _seed),
+    ("stop", "stop", _stop),
+    ("frequency_penalty", "frequency_penalty",
+     lambda v: _number(v, "frequency_penalty", -2.0, 2.0)),
+    ("presence_penalty", "presence_penalty",
+     lambda v: _number(v, "presence_penalty", -2.0, 2.0)),
+    ("logit_bias", "logit_bias", _logit_bias),
+    ("n", "n", _choices),
+]
+
+
+def check_fields(body: Mapping[str, Any], checks: list[Check], values: dict[str, Any]
+                 ) -> ApiError | None:
+    """Check each field ``body`` has (null reads as absent: the default) into ``values``; the
+    first problem, naming its field, or None."""
+    for key, target, check in checks:
+        if body.get(key) is None:
+            continue
+        try:
+            values[target] = check(body[key])
+        except ArgumentError as exc:
+            return _error(exc, key)
+    return None
+
+
+def stream_options_problem(values: Mapping[str, Any]) -> ApiError | None:
+    if "include_usage" in values and not values.get("stream"):
+        return ApiError(400, "stream_options is only allowed when stream is true",
+                        "stream_options")
+    return None
+
+
 def parse_chat_request(body: Any) -> ChatRequest | ApiError:
     """The checked request, or the first problem (see the module docstring)."""
     if not isinstance(body, Mapping):
@@ -262,37 +301,23 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
         return ApiError(400, "missing required parameter 'messages'", "messages",
                         "missing_required_parameter")
     values: dict[str, Any] = {"model": model}
-    checks: list[tuple[str, str, Callable[[Any], Any]]] = [
+    checks: list[Check] = [
         ("messages", "messages", check_messages),
         ("tools", "tools", check_tools),
-        ("parallel_tool_calls", "parallel_tool_calls", lambda v: _bool(v, "parallel_tool_calls")),
+        ("parallel_tool_calls", "parallel_tool_calls",
+         lambda v: check_bool(v, "parallel_tool_calls")),
         ("response_format", "response_format", _response_format),
-        ("stream", "stream", lambda v: _bool(v, "stream")),
-        ("stream_options", "include_usage", _include_usage),
-        ("max_tokens", "max_tokens", lambda v: _positive_int(v, "max_tokens")),
+        ("max_tokens", "max_tokens", lambda v: check_positive_int(v, "max_tokens")),
         ("max_completion_tokens", "max_completion_tokens",
-         lambda v: _positive_int(v, "max_completion_tokens")),
-        ("temperature", "temperature", lambda v: _number(v, "temperature", 0.0, 2.0)),
-        ("top_p", "top_p", lambda v: _number(v, "top_p", 0.0, 1.0, open_low=True)),
-        ("seed", "seed", _seed),
-        ("stop", "stop", _stop),
-        ("frequency_penalty", "frequency_penalty",
-         lambda v: _number(v, "frequency_penalty", -2.0, 2.0)),
-        ("presence_penalty", "presence_penalty",
-         lambda v: _number(v, "presence_penalty", -2.0, 2.0)),
-        ("logit_bias", "logit_bias", _logit_bias),
-        ("logprobs", "logprobs", lambda v: _bool(v, "logprobs")),
+         lambda v: check_positive_int(v, "max_completion_tokens")),
+        ("logprobs", "logprobs", lambda v: check_bool(v, "logprobs")),
         ("top_logprobs", "top_logprobs", check_top_logprobs),
-        ("n", "n", _choices),
         ("prediction", "prediction", _prediction),
+        *SAMPLING_CHECKS,
     ]
-    for key, target, check in checks:
-        if body.get(key) is None:
-            continue  # absent or null: the default
-        try:
-            values[target] = check(body[key])
-        except ArgumentError as exc:
-            return _error(exc, key)
+    problem = check_fields(body, checks, values)
+    if problem is not None:
+        return problem
     if "tool_choice" in body and body["tool_choice"] is not None:
         try:
             values["tool_choice"] = check_tool_choice(body["tool_choice"], values.get("tools", []))
@@ -300,9 +325,9 @@ def parse_chat_request(body: Any) -> ChatRequest | ApiError:
             return _error(exc, "tool_choice")
     if values.get("top_logprobs") and not values.get("logprobs"):
         return ApiError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
-    if "include_usage" in values and not values.get("stream"):
-        return ApiError(400, "stream_options is only allowed when stream is true",
-                        "stream_options")
+    problem = stream_options_problem(values)
+    if problem is not None:
+        return problem
     completion = values.pop("max_completion_tokens", None)
     if completion is not None:
         values["max_tokens"] = completion

@@ -1,0 +1,220 @@
+"""``POST /v1/completions`` (OpenAI's legacy completions API): a raw prompt continued as is.
+
+Contract: :func:`parse_completions_request` ``(body)`` returns a :class:`CompletionsRequest` (the
+:class:`~.protocol.ChatRequest` the engine serves, its ``prompt`` set and no messages, plus
+``echo`` and the legacy ``logprobs`` count) or an :class:`~.protocol.ApiError` (HTTP 400 naming
+the field). The prompt is a string or token ids (a list of integers), or a list holding one of
+them; it is continued without the chat template (:meth:`~nexus_mlx.agent.session.Session.complete`)
+on a pooled live session, so a prompt that extends an earlier one computes only its new tokens.
+``max_tokens`` defaults to 16, as OpenAI's; ``logprobs`` (0 to 5) asks for each generated
+token's log probability with that many alternatives; ``echo`` puts the prompt's text before the
+completion; ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties, ``logit_bias``,
+``n``, ``stream`` and ``stream_options`` read as in chat completions; ``best_of`` may equal
+``n`` (no selection), ``suffix`` may be empty, and ``user`` changes nothing. Refused by name:
+several prompts in one request, ``best_of`` above ``n`` (server-side selection), a ``suffix``
+(fill-in-the-middle) and ``echo`` with ``logprobs`` (the prompt's own log probabilities).
+
+:class:`CompletionsAnswer` presents a reply as a ``text_completion`` object, or its stream
+chunks (the echoed prompt first, then the text as it is generated, a last chunk with
+``finish_reason``, a usage chunk with ``stream_options.include_usage``, ``data: [DONE]``);
+``logprobs`` are ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, offsets
+counted in characters of the choice's text. It knows nothing about HTTP or generation.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nexus_mlx.errors import ArgumentError
+from nexus_mlx.server import responses as R
+from nexus_mlx.server.protocol import (
+    SAMPLING_CHECKS,
+    SHARED_NO_OPS,
+    ApiError,
+    ChatRequest,
+    check_bool,
+    check_fields,
+    check_positive_int,
+    field_problem,
+    stream_options_problem,
+)
+from nexus_mlx.server.responses import Completion
+from nexus_mlx.server.stream import Delta, ReplyAssembler
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's, for this API
+MAX_LOGPROBS = 5  # OpenAI's bound on this API's alternatives
+Sse = dict[str, str]
+
+
+@dataclass(frozen=True)
+class CompletionsRequest:
+    chat: ChatRequest  # what the engine serves: the prompt, sampling, n, streaming
+    echo: bool = False
+    logprobs: int | None = None  # alternatives per token; None: no log probabilities
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    """One prompt: a string or token ids, alone or as a list's only item."""
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        if len(value) > 1:
+            raise ArgumentError(f"this server takes one prompt per request, got {len(value)}; "
+                                "send them as separate requests")
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(value)
+    raise ArgumentError(f"prompt must be a string or a non-empty list of token ids, got "
+                        f"{value!r:.80}")
+
+
+def _logprobs(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise ArgumentError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+    return value
+
+
+def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
+    """The checked request, or its first problem (module docstring)."""
+    if not isinstance(body, Mapping):
+        return ApiError(400, "the request body must be a JSON object")
+    known = {"model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "suffix",
+             *(key for key, _, _ in SAMPLING_CHECKS), *SHARED_NO_OPS}
+    problem = field_problem(body, known, SHARED_NO_OPS)
+    if problem is not None:
+        return problem
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return ApiError(400, "you must provide a model parameter (a string)", "model",
+                        "missing_required_parameter" if model is None else None)
+    if body.get("prompt") is None:
+        return ApiError(400, "missing required parameter 'prompt'", "prompt",
+                        "missing_required_parameter")
+    values: dict[str, Any] = {"model": model, "max_tokens": DEFAULT_MAX_TOKENS}
+    problem = check_fields(body, [
+        ("prompt", "prompt", _prompt),
+        ("max_tokens", "max_tokens", lambda v: check_positive_int(v, "max_tokens")),
+        ("logprobs", "top_logprobs", _logprobs),
+        ("echo", "echo", lambda v: check_bool(v, "echo")),
+        ("best_of", "best_of", lambda v: check_positive_int(v, "best_of")),
+        *SAMPLING_CHECKS], values)
+    if problem is None:
+        problem = stream_options_problem(values) or _unsupported(body, values)
+    if problem is not None:
+        return problem
+    echo = values.pop("echo", False)
+    values.pop("best_of", None)  # equal to n: no selection
+    logprobs = values.get("top_logprobs")
+    chat = ChatRequest(messages=[], logprobs=logprobs is not None, **values)
+    return CompletionsRequest(chat, echo, logprobs)
+
+
+def _unsupported(body: Mapping[str, Any], values: Mapping[str, Any]) -> ApiError | None:
+    """What the checked fields ask that this server cannot do, named."""
+    n, best_of = values.get("n", 1), values.get("best_of")
+    if best_of is not None and best_of < n:
+        return ApiError(400, f"best_of must be at least n, got best_of={best_of}, n={n}",
+                        "best_of")
+    if best_of is not None and best_of > n:
+        return ApiError(400, f"best_of={best_of} above n={n} (choosing the best of several "
+                        "completions on the server) is not supported; ask for n choices",
+                        "best_of", "unsupported_value")
+    if body.get("suffix") not in (None, ""):
+        return ApiError(400, "suffix (fill-in-the-middle) is not supported by this server",
+                        "suffix", "unsupported_value")
+    if values.get("echo") and "top_logprobs" in values:
+        return ApiError(400, "echo with logprobs (the prompt's own log probabilities) is not "
+                        "supported by this server", "echo", "unsupported_value")
+    return None
+
+
+def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """Chat-shaped entries (:func:`~.responses.logprob_entry`) as this API's lists; the first
+    token's text starts at character ``offset`` of the choice's text."""
+    tokens = [e["token"] for e in entries]
+    starts = []
+    for token in tokens:
+        starts.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries],
+            "text_offset": starts}
+
+
+class CompletionsAnswer:
+    """``text_completion`` objects and stream chunks (module docstring)."""
+
+    follows_tokens = False  # a whole answer's log probabilities are the reply's, in order
+
+    def __init__(self, request: CompletionsRequest, assembler: ReplyAssembler,
+                 prompt_text: str) -> None:
+        self.r, self.assembler, self.prompt_text = request, assembler, prompt_text
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex}", R.now()
+        self.index = 0  # the choice being answered
+        self._choices: list[dict[str, Any]] = []
+        self._dones: list[Completion] = []
+        self._logprobs: list[dict[str, Any]] = []  # entries no chunk has carried yet
+        self._offset = self._echoed()  # where the next carried token starts in the text
+
+    def _echoed(self) -> int:
+        return len(self.prompt_text) if self.r.echo else 0
+
+    def next_choice(self, assembler: ReplyAssembler) -> None:
+        self.assembler, self.index, self._logprobs = assembler, self.index + 1, []
+        self._offset = self._echoed()
+
+    def logprob(self, entry: dict[str, Any]) -> None:
+        self._logprobs.append(entry)
+
+    def _chunk(self, text: str, finish: str | None = None) -> Sse:
+        carried = None
+        if self.r.logprobs is not None:
+            carried = legacy_logprobs(self._logprobs, self._offset)
+            self._offset += sum(len(e["token"]) for e in self._logprobs)
+        self._logprobs = []
+        body: dict[str, Any] = {
+            "id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.r.chat.model,
+            "choices": [{"text": text, "index": self.index, "logprobs": carried,
+                         "finish_reason": finish}]}
+        if self.r.chat.include_usage:
+            body["usage"] = None
+        return {"data": json.dumps(body)}
+
+    def opening(self) -> list[Sse]:
+        return [self._chunk(self.prompt_text)] if self.r.echo else []
+
+    def deltas(self, deltas: list[Delta]) -> list[Sse]:
+        return [self._chunk(d["content"]) for d in deltas if d.get("content")]
+
+    def closing(self, done: Completion) -> list[Sse]:
+        self._dones.append(done)
+        out = [self._chunk("", R.finish_reason(done.reply, False))]
+        if self.index + 1 < self.r.chat.n:
+            return out  # more choices follow
+        if self.r.chat.include_usage:
+            out.append({"data": json.dumps({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.r.chat.model, "choices": [], "usage": R.usage(*self._dones)})})
+        return [*out, {"data": "[DONE]"}]
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return [{"data": json.dumps(error.body())}]
+
+    def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
+        self._dones.append(done)
+        echoed = self.prompt_text if self.r.echo else ""
+        logprobs = (None if self.r.logprobs is None
+                    else legacy_logprobs(done.logprobs or [], len(echoed)))
+        self._choices.append({"text": echoed + self.assembler.content, "index": self.index,
+                              "logprobs": logprobs,
+                              "finish_reason": R.finish_reason(done.reply, False)})
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.r.chat.model, "choices": self._choices,
+                "usage": R.usage(*self._dones)}

@@ -1,0 +1,193 @@
+"""``POST /v1/completions`` over loopback with the real ``openai`` client (and raw HTTP where the
+wire format is checked).
+
+A raw prompt is continued without the chat template: greedy text equals mlx-lm's own greedy
+generation from the same ids (the oracle), for a string prompt and the same prompt as token
+ids; streamed chunks add up to the whole answer (echo first, a finish reason last, usage with
+``include_usage``); ``echo`` repeats the prompt; ``logprobs`` carries each token with its
+alternatives and offsets; a stop string cuts the text; ``n`` choices are reproducible with a
+seed; a prompt that extends an earlier one reuses its rows. Bad requests are refused by name,
+and the server still answers afterwards. A tiny random-weight llama with the default model's
+tokenizer, and the default model where behaviour matters (its continuation of a plain text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+openai = pytest.importorskip("openai")
+
+from test_server import _tiny_llama, client, healthy, http, running  # noqa: E402
+
+PROMPT = "The three primary colours are red, yellow and"
+
+
+@pytest.fixture(scope="module")
+def tiny(default_model):
+    return _tiny_llama(), default_model[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    with running(*tiny, model_name="tiny") as tiny_server:
+        yield tiny_server
+
+
+def greedy_text(model: Any, tokenizer: Any, ids: list[int], max_tokens: int) -> tuple[str, str]:
+    """mlx-lm's greedy continuation of ``ids``: (text, finish reason as OpenAI names it)."""
+    out: list[int] = []
+    eos = set(tokenizer.eos_token_ids)
+    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                                  sampler=lambda lp: mx.argmax(lp, axis=-1)):
+        token = int(token)
+        if token in eos:
+            return tokenizer.decode(out), "stop"
+        out.append(token)
+    return tokenizer.decode(out), "length"
+
+
+def test_greedy_text_equals_mlx_lm_for_a_string_and_for_its_ids(server, tiny):
+    model, tokenizer = tiny
+    ids = list(tokenizer.encode(PROMPT))
+    want, finish = greedy_text(model, tokenizer, ids, 12)
+    c = client(server)
+    by_text = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=12)
+    by_ids = c.completions.create(model="tiny", prompt=ids, max_tokens=12)
+    for answer in (by_text, by_ids):
+        assert answer.object == "text_completion" and answer.id.startswith("cmpl-")
+        [choice] = answer.choices
+        assert choice.text == want and choice.finish_reason == finish and choice.index == 0
+        assert choice.logprobs is None
+        assert answer.usage.prompt_tokens == len(ids)
+        assert answer.usage.completion_tokens == 12
+    assert by_ids.usage.prompt_tokens_details.cached_tokens >= len(ids) - 1  # rows kept
+
+
+def test_the_default_model_continues_a_plain_text_as_mlx_lm_does(default_model):
+    model, tokenizer = default_model
+    ids = list(tokenizer.encode(PROMPT))
+    want, finish = greedy_text(model, tokenizer, ids, 8)
+    with running(model, tokenizer, model_name="default") as real:
+        answer = client(real).completions.create(model="default", prompt=[PROMPT],
+                                                 max_tokens=8)
+    assert answer.choices[0].text == want and answer.choices[0].finish_reason == finish
+    assert want.strip(), "a plain continuation, not the end of a turn"
+
+
+def test_a_stream_adds_up_to_the_whole_answer_with_echo_first_and_usage_last(server):
+    c = client(server)
+    whole = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, echo=True)
+    chunks = list(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, echo=True,
+                                       stream=True, stream_options={"include_usage": True}))
+    texts = [ch.choices[0].text for ch in chunks if ch.choices]
+    assert texts[0] == PROMPT  # the echo comes first, before any generated text
+    assert "".join(texts) == whole.choices[0].text
+    assert whole.choices[0].text.startswith(PROMPT)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and not any(finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert all(ch.usage is None for ch in chunks[:-1])
+    assert all(ch.object == "text_completion" and ch.id == chunks[0].id for ch in chunks)
+
+
+def test_logprobs_carry_each_token_its_alternatives_and_offsets(server):
+    c = client(server)
+    answer = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=3)
+    choice = answer.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    if not any("\ufffd" in t for t in lp.tokens):  # whole characters: tokens spell the text
+        assert "".join(lp.tokens) == choice.text
+    offsets = [0]
+    for token in lp.tokens[:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert lp.text_offset == offsets
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert 1 <= len(top) <= 3 and logprob <= 0.0
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy: the best one
+        assert top.get(token, logprob) == pytest.approx(logprob, abs=1e-5)
+    streamed = list(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8,
+                                         logprobs=3, stream=True))
+    tokens = [t for ch in streamed if ch.choices and ch.choices[0].logprobs
+              for t in ch.choices[0].logprobs.tokens]
+    offsets = [o for ch in streamed if ch.choices and ch.choices[0].logprobs
+               for o in ch.choices[0].logprobs.text_offset]
+    assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+def test_a_stop_string_cuts_the_text(server, tiny):
+    model, tokenizer = tiny
+    full, _ = greedy_text(model, tokenizer, list(tokenizer.encode(PROMPT)), 16)
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    if not stop.strip():
+        pytest.skip("the greedy text has no visible characters to stop at")
+    answer = client(server).completions.create(model="tiny", prompt=PROMPT, max_tokens=16,
+                                               stop=[stop])
+    assert answer.choices[0].text == full[:full.index(stop)]
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_sampled_choices_are_reproducible_with_a_seed(server):
+    c = client(server)
+    ask = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, seed=5, n=2)
+    first, again = c.completions.create(**ask), c.completions.create(**ask)
+    assert [ch.index for ch in first.choices] == [0, 1]
+    assert [ch.text for ch in first.choices] == [ch.text for ch in again.choices]
+    if all(ch.finish_reason == "length" for ch in first.choices):
+        assert first.usage.completion_tokens == 12  # both choices' tokens
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens  # the prompt once
+    single = c.completions.create(**dict(ask, n=1))
+    assert single.choices[0].text == first.choices[0].text  # choice 0 is the single reply
+
+
+def test_a_longer_prompt_reuses_the_rows_of_an_earlier_one(server, tiny):
+    tokenizer = tiny[1]
+    ids = list(tokenizer.encode("Once upon a time, in a quiet village by the sea, there lived"))
+    c = client(server)
+    c.completions.create(model="tiny", prompt=ids, max_tokens=4)
+    extended = ids + list(tokenizer.encode(" an old fisherman who"))
+    later = c.completions.create(model="tiny", prompt=extended, max_tokens=4)
+    assert later.usage.prompt_tokens == len(extended)
+    assert later.usage.prompt_tokens_details.cached_tokens >= len(ids)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, "x"]}, "prompt"),
+    ({"prompt": [True, 2]}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"logprobs": 6}, "logprobs"),
+    ({"logprobs": 1, "echo": True}, "echo"),
+    ({"best_of": 3}, "best_of"),
+    ({"best_of": 1, "n": 2}, "best_of"),
+    ({"suffix": "end"}, "suffix"),
+    ({"echo": "yes"}, "echo"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"temperature": 3}, "temperature"),
+    ({"messages": []}, "messages"),
+    ({"prompt": "x " * 3000}, "prompt"),
+])
+def test_bad_requests_are_refused_by_name_and_the_server_goes_on(server, body, param):
+    status, answer = http(server, "/v1/completions",
+                          {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, **body})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param, answer
+    assert healthy(server)["failed"] == 0
+
+
+def test_a_missing_prompt_and_an_unknown_model_are_refused(server):
+    status, answer = http(server, "/v1/completions", {"model": "tiny"})
+    assert status == 400 and answer["error"]["code"] == "missing_required_parameter"
+    status, answer = http(server, "/v1/completions", {"model": "other", "prompt": "a"})
+    assert status == 404 and answer["error"]["code"] == "model_not_found"
+    status, answer = http(server, "/v1/completions",
+                          {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "best_of": 1,
+                           "suffix": "", "user": "u"})
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
