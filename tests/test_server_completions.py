@@ -119,6 +119,37 @@ def test_logprobs_carry_each_token_its_alternatives_and_offsets(server):
     assert tokens == lp.tokens and offsets == lp.text_offset
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_mlx_lm_s_forward_does(server, tiny):
+    model, tokenizer = tiny
+    ids = list(tokenizer.encode(PROMPT))
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)  # mlx-lm's own forward
+    want = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    c = client(server)
+    answer = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, echo=True,
+                                  logprobs=2)
+    choice = answer.choices[0]
+    lp = choice.logprobs
+    n = len(ids)
+    assert len(lp.tokens) == n + 3 and choice.text.startswith(PROMPT)
+    assert "".join(lp.tokens[:n]) == PROMPT
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for i in range(1, n):
+        assert lp.token_logprobs[i] == pytest.approx(float(want[i - 1, ids[i]]), abs=1e-4)
+        assert max(lp.top_logprobs[i].values()) == pytest.approx(float(want[i - 1].max()),
+                                                                  abs=1e-4)
+    assert lp.text_offset[n] == len(PROMPT)  # the reply's first token starts after the echo
+    alone = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, logprobs=2)
+    assert choice.text == PROMPT + alone.choices[0].text
+    assert lp.token_logprobs[n:] == pytest.approx(alone.choices[0].logprobs.token_logprobs,
+                                                  abs=1e-5)
+    streamed = list(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, echo=True,
+                                         logprobs=2, stream=True))
+    first = streamed[0].choices[0]
+    assert first.text == PROMPT and first.logprobs.tokens == lp.tokens[:n]
+    assert [t for ch in streamed for t in ch.choices[0].logprobs.tokens] == lp.tokens
+    assert [o for ch in streamed for o in ch.choices[0].logprobs.text_offset] == lp.text_offset
+
+
 def test_a_stop_string_cuts_the_text(server, tiny):
     model, tokenizer = tiny
     full, _ = greedy_text(model, tokenizer, list(tokenizer.encode(PROMPT)), 16)
@@ -164,7 +195,6 @@ def test_a_longer_prompt_reuses_the_rows_of_an_earlier_one(server, tiny):
     ({"prompt": ""}, "prompt"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"logprobs": 6}, "logprobs"),
-    ({"logprobs": 1, "echo": True}, "echo"),
     ({"best_of": 3}, "best_of"),
     ({"best_of": 1, "n": 2}, "best_of"),
     ({"suffix": "end"}, "suffix"),

@@ -8,14 +8,17 @@ them; it is continued without the chat template (:meth:`~nexus_mlx.agent.session
 on a pooled live session, so a prompt that extends an earlier one computes only its new tokens.
 ``max_tokens`` defaults to 16, as OpenAI's; ``logprobs`` (0 to 5) asks for each generated
 token's log probability with that many alternatives; ``echo`` puts the prompt's text before the
-completion; ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties, ``logit_bias``,
+completion, and with ``logprobs`` the prompt's own tokens' log probabilities before the
+generated ones' (the first token has none: :mod:`~nexus_mlx.agent.prompt_scoring`, what
+evaluation harnesses score continuations by); ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties, ``logit_bias``,
 ``n``, ``stream`` and ``stream_options`` read as in chat completions; ``best_of`` may equal
 ``n`` (no selection), ``suffix`` may be empty, and ``user`` changes nothing. Refused by name:
-several prompts in one request, ``best_of`` above ``n`` (server-side selection), a ``suffix``
-(fill-in-the-middle) and ``echo`` with ``logprobs`` (the prompt's own log probabilities).
+several prompts in one request, ``best_of`` above ``n`` (server-side selection) and a
+``suffix`` (fill-in-the-middle).
 
 :class:`CompletionsAnswer` presents a reply as a ``text_completion`` object, or its stream
-chunks (the echoed prompt first, then the text as it is generated, a last chunk with
+chunks (the echoed prompt first, with its scores, so once the reply has begun; then the text
+as it is generated, a last chunk with
 ``finish_reason``, a usage chunk with ``stream_options.include_usage``, ``data: [DONE]``);
 ``logprobs`` are ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, offsets
 counted in characters of the choice's text. It knows nothing about HTTP or generation.
@@ -110,7 +113,8 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
     echo = values.pop("echo", False)
     values.pop("best_of", None)  # equal to n: no selection
     logprobs = values.get("top_logprobs")
-    chat = ChatRequest(messages=[], logprobs=logprobs is not None, **values)
+    chat = ChatRequest(messages=[], logprobs=logprobs is not None,
+                       score_prompt=echo and logprobs is not None, **values)
     return CompletionsRequest(chat, echo, logprobs)
 
 
@@ -127,9 +131,6 @@ def _unsupported(body: Mapping[str, Any], values: Mapping[str, Any]) -> ApiError
     if body.get("suffix") not in (None, ""):
         return ApiError(400, "suffix (fill-in-the-middle) is not supported by this server",
                         "suffix", "unsupported_value")
-    if values.get("echo") and "top_logprobs" in values:
-        return ApiError(400, "echo with logprobs (the prompt's own log probabilities) is not "
-                        "supported by this server", "echo", "unsupported_value")
     return None
 
 
@@ -142,7 +143,8 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any
         starts.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+            "top_logprobs": [None if e["top_logprobs"] is None
+                             else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
                              for e in entries],
             "text_offset": starts}
 
@@ -160,24 +162,34 @@ class CompletionsAnswer:
         self._choices: list[dict[str, Any]] = []
         self._dones: list[Completion] = []
         self._logprobs: list[dict[str, Any]] = []  # entries no chunk has carried yet
-        self._offset = self._echoed()  # where the next carried token starts in the text
-
-    def _echoed(self) -> int:
-        return len(self.prompt_text) if self.r.echo else 0
+        self._prompt_logprobs: list[dict[str, Any]] = []  # a scored prompt's, for its echo
+        self._echo_pending = request.echo  # the echo chunk comes before any other
+        self._offset = 0  # where the next carried token starts in the choice's text
 
     def next_choice(self, assembler: ReplyAssembler) -> None:
         self.assembler, self.index, self._logprobs = assembler, self.index + 1, []
-        self._offset = self._echoed()
+        self._prompt_logprobs, self._echo_pending, self._offset = [], self.r.echo, 0
 
     def logprob(self, entry: dict[str, Any]) -> None:
-        self._logprobs.append(entry)
+        if entry.get("prompt"):
+            self._prompt_logprobs.append({k: v for k, v in entry.items() if k != "prompt"})
+        else:
+            self._logprobs.append(entry)
 
-    def _chunk(self, text: str, finish: str | None = None) -> Sse:
+    def _chunks(self, text: str, finish: str | None = None) -> list[Sse]:
+        """The pending echo's chunk (the prompt and its scores), then this one."""
+        out = []
+        if self._echo_pending:
+            self._echo_pending = False
+            out.append(self._chunk(self.prompt_text, None, self._prompt_logprobs))
+        return [*out, self._chunk(text, finish, self._logprobs)]
+
+    def _chunk(self, text: str, finish: str | None, entries: list[dict[str, Any]]) -> Sse:
         carried = None
         if self.r.logprobs is not None:
-            carried = legacy_logprobs(self._logprobs, self._offset)
-            self._offset += sum(len(e["token"]) for e in self._logprobs)
-        self._logprobs = []
+            carried = legacy_logprobs(entries, self._offset)
+            self._offset += sum(len(e["token"]) for e in entries)
+        entries.clear()
         body: dict[str, Any] = {
             "id": self.id, "object": "text_completion", "created": self.created,
             "model": self.r.chat.model,
@@ -188,14 +200,14 @@ class CompletionsAnswer:
         return {"data": json.dumps(body)}
 
     def opening(self) -> list[Sse]:
-        return [self._chunk(self.prompt_text)] if self.r.echo else []
+        return []  # the echo waits for the prompt's scores, which come with the reply
 
     def deltas(self, deltas: list[Delta]) -> list[Sse]:
-        return [self._chunk(d["content"]) for d in deltas if d.get("content")]
+        return [c for d in deltas if d.get("content") for c in self._chunks(d["content"])]
 
     def closing(self, done: Completion) -> list[Sse]:
         self._dones.append(done)
-        out = [self._chunk("", R.finish_reason(done.reply, False))]
+        out = self._chunks("", R.finish_reason(done.reply, False))
         if self.index + 1 < self.r.chat.n:
             return out  # more choices follow
         if self.r.chat.include_usage:
@@ -210,8 +222,10 @@ class CompletionsAnswer:
     def whole(self, done: Completion, deltas: list[Delta]) -> dict[str, Any]:
         self._dones.append(done)
         echoed = self.prompt_text if self.r.echo else ""
-        logprobs = (None if self.r.logprobs is None
-                    else legacy_logprobs(done.logprobs or [], len(echoed)))
+        logprobs = None  # with echo, the prompt's scores come first
+        if self.r.logprobs is not None:
+            logprobs = legacy_logprobs([*(done.prompt_logprobs or []), *(done.logprobs or [])],
+                                       0)
         self._choices.append({"text": echoed + self.assembler.content, "index": self.index,
                               "logprobs": logprobs,
                               "finish_reason": R.finish_reason(done.reply, False)})

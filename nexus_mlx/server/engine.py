@@ -65,12 +65,13 @@ import numpy as np
 
 from nexus_mlx._platform.heap import HeapTrimmer
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
+from nexus_mlx.agent.prompt_scoring import prompt_logprobs
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.certified_head import CertifiedHead
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
-from nexus_mlx.decode.name_fsm import token_bytes
+from nexus_mlx.decode.name_fsm import token_bytes, vocab_of
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.models.arch import model_plan
@@ -215,7 +216,7 @@ class Engine:
                 self._count_cancelled()
                 return None
             try:
-                reply, started, logprobs = run_on_mlx_thread(
+                reply, started, logprobs, scored = run_on_mlx_thread(
                     self._generate, entry.session, prepared, on_text, cancel, on_logprob,
                     choice)
             except CancelledError:
@@ -234,7 +235,7 @@ class Engine:
                 self.pool.release(entry)
             with self._lock:
                 self.served += 1
-            return Completion(reply, entry.id, started - prepared.arrived, logprobs)
+            return Completion(reply, entry.id, started - prepared.arrived, logprobs, scored)
         finally:
             with self._lock:
                 self._inflight.discard(cancel)
@@ -262,10 +263,13 @@ class Engine:
     def _generate(self, session: Session, prepared: Prepared,
                   on_text: Callable[[str], None] | None, cancel: threading.Event,
                   on_logprob: Callable[[dict[str, Any]], None] | None, choice: int
-                  ) -> tuple[Any, float, list[dict[str, Any]] | None]:
+                  ) -> tuple[Any, float, list[dict[str, Any]] | None,
+                             list[dict[str, Any]] | None]:
         started = time.perf_counter()
         if cancel.is_set():
             raise CancelledError("cancelled before it started")
+        r = prepared.request
+        scored = self._scored_prompt(prepared, on_logprob) if r.score_prompt else None
 
         def on_token(_token: int, text: str) -> None:
             if cancel.is_set():
@@ -280,7 +284,6 @@ class Engine:
             if on_logprob is not None:
                 on_logprob(entries[-1])
 
-        r = prepared.request
         options: dict[str, Any] = dict(
             max_tokens=prepared.max_tokens, stop=r.stop,
             sampler=make_sampler(r.temperature, r.top_p, r.seed, choice), on_token=on_token,
@@ -294,7 +297,24 @@ class Engine:
                 r.messages, r.tools or None, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
                 prediction=r.prediction, **options)
-        return reply, started, entries if r.logprobs else None
+        return reply, started, entries if r.logprobs else None, scored
+
+    def _scored_prompt(self, prepared: Prepared,
+                       on_logprob: Callable[[dict[str, Any]], None] | None
+                       ) -> list[dict[str, Any]]:
+        """A raw prompt's entries id by id (the first has no log probability), each handed to
+        ``on_logprob`` marked ``"prompt": True`` before any reply id's."""
+        ids, spell = prepared.ids, lambda t: token_bytes(self.tokenizer, t)
+        first = spell(int(ids[0]))
+        entries = [{"token": first.decode("utf-8", errors="replace"), "logprob": None,
+                    "bytes": list(first), "top_logprobs": None}]
+        scores = prompt_logprobs(self.model, ids, prepared.request.top_logprobs,
+                                 vocab_of(self.tokenizer).size)
+        entries += [logprob_entry(s, spell) for s in scores]
+        if on_logprob is not None:
+            for entry in entries:
+                on_logprob({**entry, "prompt": True})
+        return entries
 
     def _busy(self) -> bool:
         with self._lock:

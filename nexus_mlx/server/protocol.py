@@ -96,6 +96,7 @@ class ChatRequest:
     n: int = 1  # choices to generate
     prediction: str | None = None  # the predicted output's text
     prompt: str | tuple[int, ...] | None = None  # continued as is, no template (completions)
+    score_prompt: bool = False  # also the raw prompt's own log probabilities (echo + logprobs)
 
     @property
     def calls_allowed(self) -> bool:

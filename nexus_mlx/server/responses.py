@@ -36,6 +36,7 @@ class Completion:
     session: int  # the pooled session's id
     queue_s: float  # from the request's arrival to the start of its step
     logprobs: list[dict[str, Any]] | None = None  # the reply's, shaped (logprob_entry)
+    prompt_logprobs: list[dict[str, Any]] | None = None  # a scored raw prompt's, id by id
 
 
 def logprob_entry(scored: TokenLogprob, token_bytes: Callable[[int], bytes]) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""A prompt's own log probabilities (teacher forcing) equal a log-softmax of mlx-lm's own
+forward over the whole prompt, across the head's chunks and for Gemma's soft-capped logits;
+alternatives are the best ids below the vocabulary size, best first; degenerate prompts."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_models import VOCAB, tiny_model
+
+from nexus_mlx.agent import prompt_scoring
+from nexus_mlx.agent.prompt_scoring import SCORE_CHUNK, prompt_logprobs
+from nexus_mlx.errors import ArgumentError
+
+
+def _reference(model, ids: np.ndarray) -> np.ndarray:
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    return np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))  # (T, V)
+
+
+@pytest.mark.parametrize("arch", ["llama-untied", "qwen2", "gemma2"])
+def test_scores_equal_mlx_lm_s_forward_across_head_chunks(arch):
+    model = tiny_model(arch)
+    ids = np.random.default_rng(1).integers(0, VOCAB, size=2 * SCORE_CHUNK + 7)
+    want = _reference(model, ids)
+    got = prompt_logprobs(model, ids, 3, VOCAB)
+    assert len(got) == ids.size - 1
+    for i, scored in enumerate(got, start=1):
+        assert scored.id == ids[i]
+        assert scored.logprob == pytest.approx(want[i - 1, ids[i]], abs=1e-4)
+        best = np.sort(want[i - 1])[::-1][:3]  # the three best values, best first
+        assert [lp for _, lp in scored.top] == pytest.approx(list(best), abs=1e-4)
+        assert all(want[i - 1, t] == pytest.approx(lp, abs=1e-4) for t, lp in scored.top)
+
+
+def test_alternatives_stay_below_the_vocabulary_size(monkeypatch):
+    model = tiny_model("llama-untied")
+    monkeypatch.setattr(prompt_scoring, "SCORE_CHUNK", 5)
+    ids = np.arange(20) % VOCAB
+    got = prompt_logprobs(model, ids, 20, 16)  # a head "padded" past id 15
+    assert all(t < 16 for s in got for t, _ in s.top)
+    assert [s.logprob for s in got] == pytest.approx(
+        [s.logprob for s in prompt_logprobs(model, ids, 0, VOCAB)], abs=1e-6)
+
+
+def test_one_id_scores_nothing_and_no_ids_is_refused():
+    model = tiny_model("llama")
+    assert prompt_logprobs(model, [3], 2, VOCAB) == []
+    with pytest.raises(ArgumentError, match="at least one token"):
+        prompt_logprobs(model, [], 2, VOCAB)
