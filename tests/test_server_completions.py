@@ -150,6 +150,50 @@ def test_echo_with_logprobs_scores_the_prompt_as_mlx_lm_s_forward_does(server, t
     assert [o for ch in streamed for o in ch.choices[0].logprobs.text_offset] == lp.text_offset
 
 
+def test_max_tokens_0_with_echo_scores_the_prompt_alone_whole_and_streamed(server, tiny):
+    model, tokenizer = tiny
+    ids = list(tokenizer.encode(PROMPT))
+    c = client(server)
+    scored = c.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True,
+                                  logprobs=10)
+    choice = scored.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    assert all(len(top) == 10 for top in choice.logprobs.top_logprobs[1:])
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == len(ids)
+    assert scored.usage.model_extra["nexus"]["path"] == "score"
+    with_reply = c.completions.create(model="tiny", prompt=ids, max_tokens=2, echo=True,
+                                      logprobs=10)
+    assert with_reply.choices[0].logprobs.token_logprobs[:len(ids)] == pytest.approx(
+        choice.logprobs.token_logprobs, abs=1e-5)
+    streamed = list(c.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True,
+                                         logprobs=10, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == PROMPT
+    assert [t for ch in streamed for t in ch.choices[0].logprobs.tokens] == \
+        choice.logprobs.tokens
+    echoed = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, echo=True)
+    assert echoed.choices[0].text == PROMPT and echoed.choices[0].logprobs is None
+    assert echoed.usage.model_extra["nexus"]["computed"] == 0  # nothing was run
+
+
+def test_a_batch_of_prompts_answers_each_prompt_s_choices_in_order(server, tiny):
+    tokenizer = tiny[1]
+    prompts = [PROMPT, "Once upon a time", list(tokenizer.encode("def add(a, b):"))]
+    c = client(server)
+    alone = [c.completions.create(model="tiny", prompt=p, max_tokens=5).choices[0].text
+             for p in prompts]
+    batch = c.completions.create(model="tiny", prompt=prompts, max_tokens=5, n=2)
+    assert [ch.index for ch in batch.choices] == list(range(6))
+    assert [ch.text for ch in batch.choices] == [t for t in alone for _ in range(2)]
+    streamed = list(c.completions.create(model="tiny", prompt=prompts, max_tokens=5,
+                                         stream=True, echo=True))
+    texts = ["", "", ""]
+    for ch in streamed:
+        texts[ch.choices[0].index] += ch.choices[0].text
+    echoes = [tokenizer.decode(p) if isinstance(p, list) else p for p in prompts]
+    assert texts == [e + t for e, t in zip(echoes, alone, strict=True)]
+
+
 def test_a_stop_string_cuts_the_text(server, tiny):
     model, tokenizer = tiny
     full, _ = greedy_text(model, tokenizer, list(tokenizer.encode(PROMPT)), 16)
@@ -187,14 +231,16 @@ def test_a_longer_prompt_reuses_the_rows_of_an_earlier_one(server, tiny):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", ["two"]]}, "prompt"),
+    ({"prompt": ["one"] * 65, "n": 2}, "prompt"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, "x"]}, "prompt"),
     ({"prompt": [True, 2]}, "prompt"),
     ({"prompt": [10**9]}, "prompt"),
     ({"prompt": ""}, "prompt"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"logprobs": 6}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"best_of": 3}, "best_of"),
     ({"best_of": 1, "n": 2}, "best_of"),
     ({"suffix": "end"}, "suffix"),

@@ -14,7 +14,7 @@ by id (``logprob`` and ``deltas`` as the stream would call them, their events dr
 - :class:`ChatAnswer`: ``chat.completion`` / ``chat.completion.chunk`` (:mod:`.responses`): a
   role chunk, the deltas, a ``finish_reason`` chunk, a usage chunk with
   ``stream_options.include_usage``, then ``data: [DONE]``. With ``n`` > 1,
-  ``next_choice(assembler)`` starts the next choice after one has closed: each chunk names its
+  ``next_choice(assembler, prepared)`` starts the next choice after one has closed: each chunk names its
   choice's ``index``, the usage chunk and ``[DONE]`` follow the last choice only, and ``whole``
   returns the body of every choice given so far (usage: :func:`~.responses.usage`).
 - :class:`ResponsesAnswer`: the Responses API's ``response`` and typed events
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server import responses as R
+from nexus_mlx.server.engine import Prepared
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.response_store import ResponseStore
 from nexus_mlx.server.responses import Completion
@@ -43,7 +44,7 @@ Sse = dict[str, str]
 class Answer(Protocol):
     follows_tokens: bool
 
-    def next_choice(self, assembler: ReplyAssembler) -> None: ...
+    def next_choice(self, assembler: ReplyAssembler, prepared: Prepared) -> None: ...
 
     def logprob(self, entry: dict[str, Any]) -> None: ...
     def opening(self) -> list[Sse]: ...
@@ -66,7 +67,7 @@ class ChatAnswer:
         self._dones: list[Completion] = []  # the finished choices' replies
         self._logprobs: list[dict[str, Any]] = []  # entries no chunk has carried yet
 
-    def next_choice(self, assembler: ReplyAssembler) -> None:
+    def next_choice(self, assembler: ReplyAssembler, prepared: Prepared) -> None:
         self.assembler, self.index, self._logprobs = assembler, self.index + 1, []
 
     def logprob(self, entry: dict[str, Any]) -> None:
@@ -123,7 +124,7 @@ class ResponsesAnswer:
     def logprob(self, entry: dict[str, Any]) -> None:
         self.writer.logprob(entry)
 
-    def next_choice(self, assembler: ReplyAssembler) -> None:
+    def next_choice(self, assembler: ReplyAssembler, prepared: Prepared) -> None:
         raise ArgumentError("a response has one choice: the Responses API takes no n")
 
     @staticmethod

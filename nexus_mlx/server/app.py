@@ -87,13 +87,13 @@ class Api:
     """One API over the engine: how its body is read, and how its reply is answered."""
 
     parse: Callable[[Any], Any]  # body -> its request, or an ApiError
-    chat: Callable[[Any], ChatRequest]  # its request -> the chat request the engine serves
+    chats: Callable[[Any], list[ChatRequest]]  # its request -> what the engine serves, in order
     answer: Callable[[Any, ReplyAssembler, Prepared], Answer]
     error: Callable[[ApiError], ApiError] = lambda e: e  # the engine's error, in its field names
 
 
-CHAT = Api(parse_chat_request, lambda r: r, lambda r, assembler, _: ChatAnswer(r, assembler))
-COMPLETIONS = Api(parse_completions_request, lambda r: r.chat,
+CHAT = Api(parse_chat_request, lambda r: [r], lambda r, assembler, _: ChatAnswer(r, assembler))
+COMPLETIONS = Api(parse_completions_request, lambda r: r.chats(),
                   lambda r, assembler, prepared: CompletionsAnswer(r, assembler,
                                                                    prepared.prompt_text))
 
@@ -105,7 +105,7 @@ def responses_api(store: ResponseStore) -> Api:
         found = store.get(response_id)
         return None if found is None else found.items
 
-    return Api(lambda body: parse_responses_request(body, previous), lambda r: r.chat,
+    return Api(lambda body: parse_responses_request(body, previous), lambda r: [r.chat],
                lambda r, assembler, _: ResponsesAnswer(r, assembler, store), responses_error)
 
 
@@ -126,35 +126,40 @@ class GenerationHandler:
         parsed = self.api.parse(body)
         if isinstance(parsed, ApiError):
             return _error(parsed)
-        chat = self.api.chat(parsed)
-        if chat.model not in self.model_names:
-            return _error(ApiError(404, f"The model `{chat.model}` does not exist; this "
+        chats = self.api.chats(parsed)
+        model = chats[0].model
+        if model not in self.model_names:
+            return _error(ApiError(404, f"The model `{model}` does not exist; this "
                                    f"server serves {self.model_names}", "model",
                                    "model_not_found"))
         loop = asyncio.get_running_loop()
-        try:
-            prepared = await loop.run_in_executor(self.executor, self.engine.prepare, chat,
-                                                  arrived)
-        except Exception as exc:
-            return _error(_internal(exc))
-        if isinstance(prepared, ApiError):
-            return _error(self.api.error(prepared))
-        assembler = _assembler(chat)
-        answer = self.api.answer(parsed, assembler, prepared)
-        if chat.stream:
-            return EventSourceResponse(self._events(prepared, assembler, answer), ping=15)
-        return await self._whole(request, prepared, assembler, answer)
+        prepareds: list[Prepared] = []
+        for chat in chats:  # every part checked before anything is generated
+            try:
+                prepared = await loop.run_in_executor(self.executor, self.engine.prepare, chat,
+                                                      arrived)
+            except Exception as exc:
+                return _error(_internal(exc))
+            if isinstance(prepared, ApiError):
+                return _error(self.api.error(prepared))
+            prepareds.append(prepared)
+        jobs = [(p, choice) for p in prepareds for choice in range(p.request.n)]
+        assembler = _assembler(chats[0])
+        answer = self.api.answer(parsed, assembler, prepareds[0])
+        if chats[0].stream:
+            return EventSourceResponse(self._events(jobs, assembler, answer), ping=15)
+        return await self._whole(request, jobs, assembler, answer)
 
-    async def _whole(self, request: Request, prepared: Prepared, assembler: ReplyAssembler,
-                     answer: Answer) -> Response:
+    async def _whole(self, request: Request, jobs: list[tuple[Prepared, int]],
+                     assembler: ReplyAssembler, answer: Answer) -> Response:
         cancel = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, cancel))
         loop = asyncio.get_running_loop()
         body: dict[str, Any] = {}
         done: Completion | None = None
         try:
-            for choice in range(prepared.request.n):
-                if choice:
+            for k, (prepared, choice) in enumerate(jobs):
+                if k:
                     assembler = _next_assembler(answer, prepared)
                 trace: list[Any] = []  # each id's log probabilities, then the text so far
                 follow = trace.append if answer.follows_tokens else None
@@ -176,12 +181,12 @@ class GenerationHandler:
                                    type="server_error"))
         return JSONResponse(body)
 
-    async def _events(self, prepared: Prepared, assembler: ReplyAssembler,
+    async def _events(self, jobs: list[tuple[Prepared, int]], assembler: ReplyAssembler,
                       answer: Answer) -> AsyncIterator[dict[str, str]]:
         cancel = threading.Event()
         try:
-            for choice in range(prepared.request.n):
-                if choice:
+            for k, (prepared, choice) in enumerate(jobs):
+                if k:
                     assembler = _next_assembler(answer, prepared)
                 for event in answer.opening():
                     yield event
@@ -241,9 +246,9 @@ def _assembler(chat: ChatRequest) -> ReplyAssembler:
 
 
 def _next_assembler(answer: Answer, prepared: Prepared) -> ReplyAssembler:
-    """A new assembler for the answer's next choice."""
+    """A new assembler for the answer's next choice (of ``prepared``)."""
     assembler = _assembler(prepared.request)
-    answer.next_choice(assembler)
+    answer.next_choice(assembler, prepared)
     return assembler
 
 

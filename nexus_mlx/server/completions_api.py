@@ -1,20 +1,22 @@
 """``POST /v1/completions`` (OpenAI's legacy completions API): a raw prompt continued as is.
 
 Contract: :func:`parse_completions_request` ``(body)`` returns a :class:`CompletionsRequest` (the
-:class:`~.protocol.ChatRequest` the engine serves, its ``prompt`` set and no messages, plus
-``echo`` and the legacy ``logprobs`` count) or an :class:`~.protocol.ApiError` (HTTP 400 naming
-the field). The prompt is a string or token ids (a list of integers), or a list holding one of
-them; it is continued without the chat template (:meth:`~nexus_mlx.agent.session.Session.complete`)
-on a pooled live session, so a prompt that extends an earlier one computes only its new tokens.
-``max_tokens`` defaults to 16, as OpenAI's; ``logprobs`` (0 to 5) asks for each generated
-token's log probability with that many alternatives; ``echo`` puts the prompt's text before the
+:class:`~.protocol.ChatRequest` the engine serves for each prompt, its ``prompt`` set and no
+messages, plus ``echo`` and the legacy ``logprobs`` count) or an :class:`~.protocol.ApiError`
+(HTTP 400 naming the field). A prompt is a string or token ids (a list of integers); ``prompt``
+holds one, or a list of them (a batch: choice ``i * n + j`` is prompt ``i``'s ``j``-th, at most
+:data:`~.protocol.MAX_CHOICES` in all). Each is continued without the chat template
+(:meth:`~nexus_mlx.agent.session.Session.complete`) on a pooled live session, so a prompt that
+extends an earlier one computes only its new tokens. ``max_tokens`` defaults to 16, as
+OpenAI's, and may be 0 with ``echo`` (the prompt alone, scored with ``logprobs``: nothing is
+generated and no session is taken); ``logprobs`` (0 to 20) asks for each generated token's log
+probability with that many alternatives; ``echo`` puts the prompt's text before the
 completion, and with ``logprobs`` the prompt's own tokens' log probabilities before the
 generated ones' (the first token has none: :mod:`~nexus_mlx.agent.prompt_scoring`, what
 evaluation harnesses score continuations by); ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties, ``logit_bias``,
 ``n``, ``stream`` and ``stream_options`` read as in chat completions; ``best_of`` may equal
 ``n`` (no selection), ``suffix`` may be empty, and ``user`` changes nothing. Refused by name:
-several prompts in one request, ``best_of`` above ``n`` (server-side selection) and a
-``suffix`` (fill-in-the-middle).
+``best_of`` above ``n`` (server-side selection) and a ``suffix`` (fill-in-the-middle).
 
 :class:`CompletionsAnswer` presents a reply as a ``text_completion`` object, or its stream
 chunks (the echoed prompt first, with its scores, so once the reply has begun; then the text
@@ -29,12 +31,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from nexus_mlx.agent.session_report import MAX_TOP_LOGPROBS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server import responses as R
+from nexus_mlx.server.engine import Prepared
 from nexus_mlx.server.protocol import (
+    MAX_CHOICES,
     SAMPLING_CHECKS,
     SHARED_NO_OPS,
     ApiError,
@@ -49,36 +54,50 @@ from nexus_mlx.server.responses import Completion
 from nexus_mlx.server.stream import Delta, ReplyAssembler
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, for this API
-MAX_LOGPROBS = 5  # OpenAI's bound on this API's alternatives
+Prompt = str | tuple[int, ...]
 Sse = dict[str, str]
 
 
 @dataclass(frozen=True)
 class CompletionsRequest:
-    chat: ChatRequest  # what the engine serves: the prompt, sampling, n, streaming
+    chat: ChatRequest  # what the engine serves for the first prompt: sampling, n, streaming
+    prompts: tuple[Prompt, ...]  # every prompt, in order
     echo: bool = False
     logprobs: int | None = None  # alternatives per token; None: no log probabilities
 
+    def chats(self) -> list[ChatRequest]:
+        """What the engine serves, prompt by prompt."""
+        return [replace(self.chat, prompt=p) for p in self.prompts]
 
-def _prompt(value: Any) -> str | tuple[int, ...]:
-    """One prompt: a string or token ids, alone or as a list's only item."""
-    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
-        if len(value) > 1:
-            raise ArgumentError(f"this server takes one prompt per request, got {len(value)}; "
-                                "send them as separate requests")
-        value = value[0]
+
+def _one_prompt(value: Any) -> Prompt:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and value and all(
             isinstance(t, int) and not isinstance(t, bool) for t in value):
         return tuple(value)
-    raise ArgumentError(f"prompt must be a string or a non-empty list of token ids, got "
+    raise ArgumentError(f"a prompt must be a string or a non-empty list of token ids, got "
                         f"{value!r:.80}")
 
 
+def _prompts(value: Any) -> tuple[Prompt, ...]:
+    """One prompt, or a list of them (strings, or lists of token ids)."""
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        return tuple(_one_prompt(p) for p in value)
+    return (_one_prompt(value),)
+
+
 def _logprobs(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
-        raise ArgumentError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                            f"{value!r}")
+    return value
+
+
+def _max_tokens(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(f"max_tokens must be an integer >= 0, got {value!r}")
     return value
 
 
@@ -100,8 +119,8 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
                         "missing_required_parameter")
     values: dict[str, Any] = {"model": model, "max_tokens": DEFAULT_MAX_TOKENS}
     problem = check_fields(body, [
-        ("prompt", "prompt", _prompt),
-        ("max_tokens", "max_tokens", lambda v: check_positive_int(v, "max_tokens")),
+        ("prompt", "prompts", _prompts),
+        ("max_tokens", "max_tokens", _max_tokens),
         ("logprobs", "top_logprobs", _logprobs),
         ("echo", "echo", lambda v: check_bool(v, "echo")),
         ("best_of", "best_of", lambda v: check_positive_int(v, "best_of")),
@@ -110,17 +129,22 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
         problem = stream_options_problem(values) or _unsupported(body, values)
     if problem is not None:
         return problem
-    echo = values.pop("echo", False)
+    echo, prompts = values.pop("echo", False), values.pop("prompts")
     values.pop("best_of", None)  # equal to n: no selection
     logprobs = values.get("top_logprobs")
-    chat = ChatRequest(messages=[], logprobs=logprobs is not None,
+    chat = ChatRequest(messages=[], prompt=prompts[0], logprobs=logprobs is not None,
                        score_prompt=echo and logprobs is not None, **values)
-    return CompletionsRequest(chat, echo, logprobs)
+    return CompletionsRequest(chat, prompts, echo, logprobs)
 
 
 def _unsupported(body: Mapping[str, Any], values: Mapping[str, Any]) -> ApiError | None:
     """What the checked fields ask that this server cannot do, named."""
     n, best_of = values.get("n", 1), values.get("best_of")
+    if len(values["prompts"]) * n > MAX_CHOICES:
+        return ApiError(400, f"{len(values['prompts'])} prompts x n={n} choices is more than "
+                        f"{MAX_CHOICES}", "prompt")
+    if values["max_tokens"] == 0 and not values.get("echo"):
+        return ApiError(400, "max_tokens=0 returns nothing without echo", "max_tokens")
     if best_of is not None and best_of < n:
         return ApiError(400, f"best_of must be at least n, got best_of={best_of}, n={n}",
                         "best_of")
@@ -165,10 +189,12 @@ class CompletionsAnswer:
         self._prompt_logprobs: list[dict[str, Any]] = []  # a scored prompt's, for its echo
         self._echo_pending = request.echo  # the echo chunk comes before any other
         self._offset = 0  # where the next carried token starts in the choice's text
+        self.total = len(request.prompts) * request.chat.n  # choices in all
 
-    def next_choice(self, assembler: ReplyAssembler) -> None:
+    def next_choice(self, assembler: ReplyAssembler, prepared: Prepared) -> None:
         self.assembler, self.index, self._logprobs = assembler, self.index + 1, []
         self._prompt_logprobs, self._echo_pending, self._offset = [], self.r.echo, 0
+        self.prompt_text = prepared.prompt_text
 
     def logprob(self, entry: dict[str, Any]) -> None:
         if entry.get("prompt"):
@@ -208,7 +234,7 @@ class CompletionsAnswer:
     def closing(self, done: Completion) -> list[Sse]:
         self._dones.append(done)
         out = self._chunks("", R.finish_reason(done.reply, False))
-        if self.index + 1 < self.r.chat.n:
+        if self.index + 1 < self.total:
             return out  # more choices follow
         if self.r.chat.include_usage:
             out.append({"data": json.dumps({

@@ -35,7 +35,8 @@ definitions are new to its session. Both calls block and are meant for worker th
   (:class:`~nexus_mlx.agent.session.Session`).
 - ``complete(prepared, on_text, cancel, on_logprob, choice)`` takes a pooled session (the one
   whose cache keeps the most of this conversation, :mod:`.pool`), generates (a raw prompt with
-  :meth:`~nexus_mlx.agent.session.Session.complete`) under the request's constraint,
+  :meth:`~nexus_mlx.agent.session.Session.complete`; with ``max_tokens`` 0 none: the prompt is
+  only echoed, and scored when asked) under the request's constraint,
   sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
   :func:`~.sampling.make_sampler`) and logits processors, calls
   ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
@@ -66,7 +67,14 @@ import numpy as np
 from nexus_mlx._platform.heap import HeapTrimmer
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
 from nexus_mlx.agent.prompt_scoring import prompt_logprobs
-from nexus_mlx.agent.session import DEFAULT_GUARD, Policy, Session, TokenLogprob
+from nexus_mlx.agent.session import (
+    DEFAULT_GUARD,
+    Policy,
+    Reply,
+    Session,
+    StepReport,
+    TokenLogprob,
+)
 from nexus_mlx.agent.session_file import template_digest
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.certified_head import CertifiedHead
@@ -198,7 +206,8 @@ class Engine:
                                 eos)
             except (ToolError, ArgumentError) as exc:
                 return ApiError(400, str(exc), param)
-        max_tokens = request.max_tokens or min(self.max_tokens, limit - n)
+        max_tokens = (min(self.max_tokens, limit - n) if request.max_tokens is None
+                      else request.max_tokens)
         return Prepared(request, np.asarray(ids, dtype=np.int64), max_tokens, arrived,
                         prompt_text)
 
@@ -208,6 +217,8 @@ class Engine:
                  on_logprob: Callable[[dict[str, Any]], None] | None = None,
                  choice: int = 0) -> Completion | None:
         cancel = threading.Event() if cancel is None else cancel
+        if prepared.max_tokens == 0:  # a raw prompt echoed (and scored): no session needed
+            return self._echo_only(prepared, on_logprob)
         with self._lock:
             self._inflight.add(cancel)
         try:
@@ -241,6 +252,22 @@ class Engine:
                 self._inflight.discard(cancel)
             if self.idle is not None:
                 self.idle.activity()
+
+    def _echo_only(self, prepared: Prepared,
+                   on_logprob: Callable[[dict[str, Any]], None] | None) -> Completion:
+        """A raw prompt returned as it is, scored when asked (``max_tokens`` 0): its
+        report's path is ``"score"`` and it computed the prompt's rows only to score them."""
+        started = time.perf_counter()
+        score = prepared.request.score_prompt
+        scored = run_on_mlx_thread(self._scored_prompt, prepared, on_logprob) if score else None
+        n = len(prepared.ids)
+        report = StepReport("score", "max_tokens 0: the prompt echoed"
+                            + (", scored in one pass" if score else ""),
+                            n, 0, 0, 0, n if score else 0, 0)
+        reply = Reply("", [], "length", report, time.perf_counter() - started, 0.0)
+        with self._lock:
+            self.served += 1
+        return Completion(reply, None, started - prepared.arrived, None, scored)
 
     def _heal_later(self, session: Session) -> None:
         """Queue a heal of ``session`` on the MLX thread (ahead of any later request)."""

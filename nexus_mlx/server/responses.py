@@ -33,7 +33,7 @@ class Completion:
     """A reply and where it was made."""
 
     reply: Reply
-    session: int  # the pooled session's id
+    session: int | None  # the pooled session's id (None: the request took no session)
     queue_s: float  # from the request's arrival to the start of its step
     logprobs: list[dict[str, Any]] | None = None  # the reply's, shaped (logprob_entry)
     prompt_logprobs: list[dict[str, Any]] | None = None  # a scored raw prompt's, id by id
