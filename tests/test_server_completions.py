@@ -8,7 +8,8 @@ ids; streamed chunks add up to the whole answer (echo first, a finish reason las
 alternatives and offsets; a stop string cuts the text; ``n`` choices are reproducible with a
 seed; a prompt that extends an earlier one reuses its rows. Bad requests are refused by name,
 and the server still answers afterwards. A tiny random-weight llama with the default model's
-tokenizer, and the default model where behaviour matters (its continuation of a plain text).
+tokenizer, and the default model where behaviour matters (its continuation of a plain text, and
+" Paris" scored above " London" after "The capital of France is").
 """
 
 from __future__ import annotations
@@ -71,11 +72,18 @@ def test_the_default_model_continues_a_plain_text_as_mlx_lm_does(default_model):
     model, tokenizer = default_model
     ids = list(tokenizer.encode(PROMPT))
     want, finish = greedy_text(model, tokenizer, ids, 8)
+    context = "The capital of France is"
     with running(model, tokenizer, model_name="default") as real:
-        answer = client(real).completions.create(model="default", prompt=[PROMPT],
-                                                 max_tokens=8)
+        c = client(real)
+        answer = c.completions.create(model="default", prompt=[PROMPT], max_tokens=8)
+        scored = c.completions.create(  # as an evaluation harness scores two continuations
+            model="default", prompt=[context + " Paris", context + " London"], max_tokens=0,
+            echo=True, logprobs=1)
     assert answer.choices[0].text == want and answer.choices[0].finish_reason == finish
     assert want.strip(), "a plain continuation, not the end of a turn"
+    n = len(tokenizer.encode(context))
+    paris, london = (sum(ch.logprobs.token_logprobs[n:]) for ch in scored.choices)
+    assert paris > london + 1.0, (paris, london)
 
 
 def test_a_stream_adds_up_to_the_whole_answer_with_echo_first_and_usage_last(server):
