@@ -1,6 +1,8 @@
 """A prompt's own log probabilities (teacher forcing) equal a log-softmax of mlx-lm's own
 forward over the whole prompt, across the head's chunks and for Gemma's soft-capped logits;
-alternatives are the best ids below the vocabulary size, best first; degenerate prompts."""
+alternatives are the best ids below the vocabulary size, best first; degenerate prompts. A
+scorer that reuses the last prompt's shared prefix scores as a fresh scoring does and computes
+only the rows past that prefix."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from tiny_models import VOCAB, tiny_model
 
 from nexus_mlx.agent import prompt_scoring
-from nexus_mlx.agent.prompt_scoring import SCORE_CHUNK, prompt_logprobs
+from nexus_mlx.agent.prompt_scoring import SCORE_CHUNK, PromptScorer, prompt_logprobs
 from nexus_mlx.errors import ArgumentError
 
 
@@ -49,3 +51,30 @@ def test_one_id_scores_nothing_and_no_ids_is_refused():
     assert prompt_logprobs(model, [3], 2, VOCAB) == []
     with pytest.raises(ArgumentError, match="at least one token"):
         prompt_logprobs(model, [], 2, VOCAB)
+
+
+def test_a_scorer_reuses_a_shared_prefix_and_scores_as_a_fresh_scoring_does():
+    """Continuations of one context, a repeated prompt, a prefix of the last one, another
+    alternatives count and an unrelated prompt: every score equals a fresh scoring's, and only
+    the rows past the shared prefix are computed."""
+    model = tiny_model("qwen2")
+    rng = np.random.default_rng(3)
+    context = list(rng.integers(0, VOCAB, size=SCORE_CHUNK + 30))
+    scorer = PromptScorer(model, VOCAB)
+    prompts = [context + [5, 6, 7], context + [9, 10], context + [9, 10], context[:40],
+               context + [9, 11, 12], list(rng.integers(0, VOCAB, size=20))]
+    tops = [2, 2, 2, 2, 4, 4]
+    computed = []
+    for ids, top in zip(prompts, tops, strict=True):
+        before = scorer.computed
+        got = scorer.score(ids, top)
+        computed.append(scorer.computed - before)
+        want = prompt_logprobs(model, ids, top, VOCAB)
+        assert [s.id for s in got] == [s.id for s in want]
+        assert [s.logprob for s in got] == pytest.approx([s.logprob for s in want], abs=1e-5)
+        assert [len(s.top) for s in got] == [top] * len(want)
+        for g, w in zip(got, want, strict=True):
+            assert [lp for _, lp in g.top] == pytest.approx([lp for _, lp in w.top], abs=1e-5)
+    n = len(context)
+    # fresh; the rows from the context's last one; none; none (a prefix); another top: all; new
+    assert computed == [n + 2, 2, 0, 0, n + 2, 19]

@@ -172,8 +172,10 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone_whole_and_streamed(serve
     assert all(len(top) == 10 for top in choice.logprobs.top_logprobs[1:])
     assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == len(ids)
     assert scored.usage.model_extra["nexus"]["path"] == "score"
+    reused = healthy(server)["scored_rows_reused"]
     with_reply = c.completions.create(model="tiny", prompt=ids, max_tokens=2, echo=True,
                                       logprobs=10)
+    assert healthy(server)["scored_rows_reused"] == reused + len(ids) - 1  # scored before
     assert with_reply.choices[0].logprobs.token_logprobs[:len(ids)] == pytest.approx(
         choice.logprobs.token_logprobs, abs=1e-5)
     streamed = list(c.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True,
@@ -277,3 +279,11 @@ def test_a_missing_prompt_and_an_unknown_model_are_refused(server):
                           {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "best_of": 1,
                            "suffix": "", "user": "u"})
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_batch_with_one_bad_prompt_is_refused_whole_naming_it(server):
+    status, answer = http(server, "/v1/completions",
+                          {"model": "tiny", "prompt": [PROMPT, "x " * 3000], "max_tokens": 2})
+    assert status == 400 and answer["error"]["param"] == "prompt"
+    assert answer["error"]["message"].startswith("prompt 1: ")
+    assert answer["error"]["code"] == "context_length_exceeded"

@@ -14,9 +14,9 @@ by id (``logprob`` and ``deltas`` as the stream would call them, their events dr
 - :class:`ChatAnswer`: ``chat.completion`` / ``chat.completion.chunk`` (:mod:`.responses`): a
   role chunk, the deltas, a ``finish_reason`` chunk, a usage chunk with
   ``stream_options.include_usage``, then ``data: [DONE]``. With ``n`` > 1,
-  ``next_choice(assembler, prepared)`` starts the next choice after one has closed: each chunk names its
-  choice's ``index``, the usage chunk and ``[DONE]`` follow the last choice only, and ``whole``
-  returns the body of every choice given so far (usage: :func:`~.responses.usage`).
+  ``next_choice(assembler, prepared)`` starts the next choice after one has closed: each chunk
+  names its choice's ``index``, the usage chunk and ``[DONE]`` follow the last choice only, and
+  ``whole`` returns the body of every choice given so far (usage: :func:`~.responses.usage`).
 - :class:`ResponsesAnswer`: the Responses API's ``response`` and typed events
   (:mod:`.responses_api_output`); no ``[DONE]``. A finished response (completed or cut at the
   limit; not a failed one) is kept in the :class:`~.response_store.ResponseStore` when the

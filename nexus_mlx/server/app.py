@@ -13,9 +13,10 @@ Contract: ``build_app(engine, model_names, executor, store)`` serves
   ``data: [DONE]``). Both answers assemble the reply the same way (:mod:`.stream`). With ``n``
   > 1 the choices are generated one after another on the same live session (each later one
   reuses the prompt's rows) and streamed one after another, each chunk naming its ``index``.
-- ``POST /v1/completions``: the legacy completions API, a raw prompt continued without the
-  chat template (:mod:`.completions_api`), checked, served and answered the same way
-  (``text_completion`` objects or chunks).
+- ``POST /v1/completions``: the legacy completions API, a raw prompt (or a batch of them, each
+  checked before any is generated, their choices in order) continued without the chat template
+  (:mod:`.completions_api`), served and answered the same way (``text_completion`` objects or
+  chunks).
 - ``POST /v1/responses``: the Responses API, read as the chat request it asks for
   (:mod:`.responses_api_request`) and served the same way; answered as a ``response`` object or
   its typed events (:mod:`.answers`). Finished responses are kept in ``store``
@@ -42,7 +43,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -134,14 +135,17 @@ class GenerationHandler:
                                    "model_not_found"))
         loop = asyncio.get_running_loop()
         prepareds: list[Prepared] = []
-        for chat in chats:  # every part checked before anything is generated
+        for part, chat in enumerate(chats):  # every part checked before any generation
             try:
                 prepared = await loop.run_in_executor(self.executor, self.engine.prepare, chat,
                                                       arrived)
             except Exception as exc:
                 return _error(_internal(exc))
             if isinstance(prepared, ApiError):
-                return _error(self.api.error(prepared))
+                named = self.api.error(prepared)
+                if len(chats) > 1:  # which of a batch's prompts
+                    named = replace(named, message=f"prompt {part}: {named.message}")
+                return _error(named)
             prepareds.append(prepared)
         jobs = [(p, choice) for p in prepareds for choice in range(p.request.n)]
         assembler = _assembler(chats[0])

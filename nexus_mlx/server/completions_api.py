@@ -13,15 +13,16 @@ generated and no session is taken); ``logprobs`` (0 to 20) asks for each generat
 probability with that many alternatives; ``echo`` puts the prompt's text before the
 completion, and with ``logprobs`` the prompt's own tokens' log probabilities before the
 generated ones' (the first token has none: :mod:`~nexus_mlx.agent.prompt_scoring`, what
-evaluation harnesses score continuations by); ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties, ``logit_bias``,
-``n``, ``stream`` and ``stream_options`` read as in chat completions; ``best_of`` may equal
-``n`` (no selection), ``suffix`` may be empty, and ``user`` changes nothing. Refused by name:
-``best_of`` above ``n`` (server-side selection) and a ``suffix`` (fill-in-the-middle).
+evaluation harnesses score continuations by); ``temperature``, ``top_p``, ``seed``, ``stop``,
+the penalties, ``logit_bias``, ``n``, ``stream`` and ``stream_options`` read as in chat
+completions; ``best_of`` may equal ``n`` (no selection), ``suffix`` may be empty, and ``user``
+changes nothing. Refused by name: ``best_of`` above ``n`` (server-side selection) and a
+``suffix`` (fill-in-the-middle).
 
 :class:`CompletionsAnswer` presents a reply as a ``text_completion`` object, or its stream
 chunks (the echoed prompt first, with its scores, so once the reply has begun; then the text
-as it is generated, a last chunk with
-``finish_reason``, a usage chunk with ``stream_options.include_usage``, ``data: [DONE]``);
+as it is generated, a last chunk with ``finish_reason``, a usage chunk with
+``stream_options.include_usage``, ``data: [DONE]``);
 ``logprobs`` are ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, offsets
 counted in characters of the choice's text. It knows nothing about HTTP or generation.
 """

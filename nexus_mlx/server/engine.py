@@ -36,7 +36,9 @@ definitions are new to its session. Both calls block and are meant for worker th
 - ``complete(prepared, on_text, cancel, on_logprob, choice)`` takes a pooled session (the one
   whose cache keeps the most of this conversation, :mod:`.pool`), generates (a raw prompt with
   :meth:`~nexus_mlx.agent.session.Session.complete`; with ``max_tokens`` 0 none: the prompt is
-  only echoed, and scored when asked) under the request's constraint,
+  only echoed, and scored when asked, by one :class:`~nexus_mlx.agent.prompt_scoring.PromptScorer`
+  that reuses the last scored prompt's common prefix, its rows counted in ``stats()``) under the
+  request's constraint,
   sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
   :func:`~.sampling.make_sampler`) and logits processors, calls
   ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
@@ -66,7 +68,7 @@ import numpy as np
 
 from nexus_mlx._platform.heap import HeapTrimmer
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
-from nexus_mlx.agent.prompt_scoring import prompt_logprobs
+from nexus_mlx.agent.prompt_scoring import PromptScorer
 from nexus_mlx.agent.session import (
     DEFAULT_GUARD,
     Policy,
@@ -145,6 +147,7 @@ class Engine:
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0
         self.healed_rows = self.heal_failures = 0
+        self._scorer: PromptScorer | None = None  # raw prompts' scores (made on first use)
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
@@ -335,8 +338,9 @@ class Engine:
         first = spell(int(ids[0]))
         entries = [{"token": first.decode("utf-8", errors="replace"), "logprob": None,
                     "bytes": list(first), "top_logprobs": None}]
-        scores = prompt_logprobs(self.model, ids, prepared.request.top_logprobs,
-                                 vocab_of(self.tokenizer).size)
+        if self._scorer is None:
+            self._scorer = PromptScorer(self.model, vocab_of(self.tokenizer).size)
+        scores = self._scorer.score(ids, prepared.request.top_logprobs)
         entries += [logprob_entry(s, spell) for s in scores]
         if on_logprob is not None:
             for entry in entries:
@@ -370,6 +374,9 @@ class Engine:
             counts = {"served": self.served, "cancelled": self.cancelled, "failed": self.failed,
                       "in_flight": len(self._inflight), "healed_rows": self.healed_rows,
                       "heal_failures": self.heal_failures}
+        scorer = self._scorer
+        counts.update(scored_rows_reused=scorer.reused if scorer else 0,
+                      scored_rows_computed=scorer.computed if scorer else 0)
         trims = self.trimmer.stats() if self.trimmer is not None else {}
         trims.update(self.idle.stats() if self.idle is not None else {})
         memory = {"mlx_active_bytes": mx.get_active_memory(),
