@@ -317,3 +317,24 @@ def server_memory_section(d: dict[str, Any]) -> list[str]:
                          "RSS thirds MiB", "outside MLX thirds MiB", "outside slope KiB/turn",
                          "trims / time", "idle RSS / MLX cache MiB",
                          "served / cancelled / failed"], rows)
+
+
+def prompt_scoring_section(d: dict[str, Any]) -> list[str]:
+    """``prompt_scoring``: multiple-choice continuations of one context scored fresh vs with
+    the prefix reused."""
+    def triple(key: str, spec: str) -> str:
+        value = d.get(key)
+        value = value if isinstance(value, list) and len(value) == 3 else [None, None, None]
+        return f"{fmt(value[0], spec)} {fmt_ci(value[1:], spec)}"
+
+    rows = [["fresh", triple("fresh_ms", ".0f"), fmt(get(d, "rows_per_item", "fresh"), ".0f")],
+            ["reuse", triple("reuse_ms", ".0f"), fmt(get(d, "rows_per_item", "reuse"), ".0f")]]
+    return [f"{fmt(d.get('items'))} HotpotQA items, {fmt(d.get('choices'))} choices each "
+            f"(context median {fmt(get(d, 'context_tokens', 'median'), '.0f')} tokens, answers "
+            f"{fmt(get(d, 'answer_tokens', 'median'), '.0f')}), scored as the completions API "
+            f"scores echo with logprobs. Fresh / reuse: {triple('speedup', '.2f')} (paired); "
+            f"scores agree within {fmt(d.get('max_abs_diff'), '.1e')}. The model's accuracy "
+            f"(summed / mean answer log probability): {fmt(get(d, 'accuracy', 'sum'), '.2f')} / "
+            f"{fmt(get(d, 'accuracy', 'mean'), '.2f')} (chance "
+            f"{fmt(get(d, 'accuracy', 'chance'), '.2f')}).",
+            ""] + table(["arm", "ms per item [95% CI]", "rows computed per item"], rows)
