@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nexus_mlx.agent.session_report import MAX_TOP_LOGPROBS
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.server import responses as R
 from nexus_mlx.server.engine import Prepared
@@ -48,7 +47,8 @@ from nexus_mlx.server.protocol import (
     check_bool,
     check_fields,
     check_positive_int,
-    field_problem,
+    check_top_logprobs,
+    head_problem,
     stream_options_problem,
 )
 from nexus_mlx.server.responses import Completion
@@ -88,14 +88,6 @@ def _prompts(value: Any) -> tuple[Prompt, ...]:
     return (_one_prompt(value),)
 
 
-def _logprobs(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) \
-            or not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise ArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
-                            f"{value!r}")
-    return value
-
-
 def _max_tokens(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArgumentError(f"max_tokens must be an integer >= 0, got {value!r}")
@@ -104,25 +96,16 @@ def _max_tokens(value: Any) -> int:
 
 def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
     """The checked request, or its first problem (module docstring)."""
-    if not isinstance(body, Mapping):
-        return ApiError(400, "the request body must be a JSON object")
     known = {"model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "suffix",
              *(key for key, _, _ in SAMPLING_CHECKS), *SHARED_NO_OPS}
-    problem = field_problem(body, known, SHARED_NO_OPS)
+    problem = head_problem(body, known, SHARED_NO_OPS, "prompt")
     if problem is not None:
         return problem
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return ApiError(400, "you must provide a model parameter (a string)", "model",
-                        "missing_required_parameter" if model is None else None)
-    if body.get("prompt") is None:
-        return ApiError(400, "missing required parameter 'prompt'", "prompt",
-                        "missing_required_parameter")
-    values: dict[str, Any] = {"model": model, "max_tokens": DEFAULT_MAX_TOKENS}
+    values: dict[str, Any] = {"model": body["model"], "max_tokens": DEFAULT_MAX_TOKENS}
     problem = check_fields(body, [
         ("prompt", "prompts", _prompts),
         ("max_tokens", "max_tokens", _max_tokens),
-        ("logprobs", "top_logprobs", _logprobs),
+        ("logprobs", "top_logprobs", lambda v: check_top_logprobs(v, "logprobs")),
         ("echo", "echo", lambda v: check_bool(v, "echo")),
         ("best_of", "best_of", lambda v: check_positive_int(v, "best_of")),
         *SAMPLING_CHECKS], values)

@@ -140,10 +140,10 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
-def check_top_logprobs(value: Any) -> int:
+def check_top_logprobs(value: Any, name: str = "top_logprobs") -> int:
     if isinstance(value, bool) or not isinstance(value, int) \
             or not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise ArgumentError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+        raise ArgumentError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
                             f"{value!r}")
     return value
 
@@ -282,26 +282,37 @@ def stream_options_problem(values: Mapping[str, Any]) -> ApiError | None:
     return None
 
 
-def parse_chat_request(body: Any) -> ChatRequest | ApiError:
-    """The checked request, or the first problem (see the module docstring)."""
+def head_problem(body: Any, known: set[str], no_ops: Mapping[str, Callable[[Any], bool]],
+                 required: str) -> ApiError | None:
+    """What is wrong with a body before its fields are checked: not a JSON object, a field
+    not ``known`` or a no-op it cannot honour (:func:`field_problem`), no ``model`` string, no
+    ``required`` field (or a null one); None when nothing is."""
     if not isinstance(body, Mapping):
         return ApiError(400, "the request body must be a JSON object")
-    known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
-             "response_format", "stream", "stream_options", "max_tokens",
-             "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-             "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-             "top_logprobs", "n", "prediction", *_NO_OPS}
-    problem = field_problem(body, known, _NO_OPS)
+    problem = field_problem(body, known, no_ops)
     if problem is not None:
         return problem
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return ApiError(400, "you must provide a model parameter (a string)", "model",
                         "missing_required_parameter" if model is None else None)
-    if "messages" not in body:
-        return ApiError(400, "missing required parameter 'messages'", "messages",
+    if body.get(required) is None:
+        return ApiError(400, f"missing required parameter '{required}'", required,
                         "missing_required_parameter")
-    values: dict[str, Any] = {"model": model}
+    return None
+
+
+def parse_chat_request(body: Any) -> ChatRequest | ApiError:
+    """The checked request, or the first problem (see the module docstring)."""
+    known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+             "response_format", "stream", "stream_options", "max_tokens",
+             "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+             "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+             "top_logprobs", "n", "prediction", *_NO_OPS}
+    problem = head_problem(body, known, _NO_OPS, "messages")
+    if problem is not None:
+        return problem
+    values: dict[str, Any] = {"model": body["model"]}
     checks: list[Check] = [
         ("messages", "messages", check_messages),
         ("tools", "tools", check_tools),
