@@ -220,11 +220,11 @@ class Engine:
                  on_logprob: Callable[[dict[str, Any]], None] | None = None,
                  choice: int = 0) -> Completion | None:
         cancel = threading.Event() if cancel is None else cancel
-        if prepared.max_tokens == 0:  # a raw prompt echoed (and scored): no session needed
-            return self._echo_only(prepared, on_logprob)
         with self._lock:
             self._inflight.add(cancel)
         try:
+            if prepared.max_tokens == 0:  # a raw prompt echoed (and scored): no session needed
+                return self._echo_only(prepared, on_logprob)
             entry = self.pool.acquire(prepared.ids, cancel.is_set)
             if entry is None:
                 self._count_cancelled()
@@ -262,7 +262,13 @@ class Engine:
         report's path is ``"score"`` and it computed the prompt's rows only to score them."""
         started = time.perf_counter()
         score = prepared.request.score_prompt
-        scored = run_on_mlx_thread(self._scored_prompt, prepared, on_logprob) if score else None
+        try:
+            scored = (run_on_mlx_thread(self._scored_prompt, prepared, on_logprob) if score
+                      else None)
+        except BaseException:
+            with self._lock:
+                self.failed += 1
+            raise
         n = len(prepared.ids)
         report = StepReport("score", "max_tokens 0: the prompt echoed"
                             + (", scored in one pass" if score else ""),
