@@ -4,7 +4,8 @@ Contract: ``prompt_logprobs(model, ids, top, vocab_size)`` returns one
 :class:`~.session_report.TokenLogprob` per id after the first: ``ids[i]``'s log probability
 under the model's next-token distribution after ``ids[:i]`` (raw logits, log-softmaxed in
 float32: no sampler, processor or constraint, since nothing was drawn), with the ``top`` most
-likely ids below ``vocab_size`` (:func:`~.session_report.token_logprob`). It is what the
+likely ids below ``vocab_size`` (:func:`~.session_report.token_logprobs`, a chunk of rows at
+a time). It is what the
 completions API's ``echo`` with ``logprobs`` returns, and what evaluation harnesses score a
 continuation by. One forward pass over a scratch cache computes the prompt's hidden states (a
 live session is not touched: the prompt's rows are computed again); the output head runs
@@ -26,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from nexus_mlx.agent.session_report import TokenLogprob, token_logprob
+from nexus_mlx.agent.session_report import TokenLogprob, token_logprobs
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward_hidden, lm_head, make_cache
@@ -48,8 +49,7 @@ def _scores(model: nn.Module, hidden: mx.array, targets: np.ndarray, top: int,
     for start in range(0, targets.size, SCORE_CHUNK):
         logits = lm_head(model, hidden[:, start:start + SCORE_CHUNK])[0]  # (rows, V)
         mx.eval(logits)
-        out.extend(token_logprob(logits[i], int(token), top, vocab_size)
-                   for i, token in enumerate(targets[start:start + SCORE_CHUNK]))
+        out.extend(token_logprobs(logits, targets[start:start + SCORE_CHUNK], top, vocab_size))
     return out
 
 

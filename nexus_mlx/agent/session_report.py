@@ -6,7 +6,7 @@ generation, :class:`TokenLogprob` for each generated id when asked (plain record
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -74,17 +74,31 @@ def token_logprob(logits: mx.array, token: int, top: int, vocab_size: int) -> To
     log-softmaxed in float32), with the ``top`` most likely allowed ids below ``vocab_size``
     (a head padded past the tokenizer has ids no text maps to), best first. A value that is
     not finite reads -9999.0, as OpenAI's API writes the unlikeliest."""
-    row = logits.astype(mx.float32)
-    row = row - mx.logsumexp(row, axis=-1, keepdims=True)
-    best: list[tuple[int, float]] = []
+    return token_logprobs(logits[None], [token], top, vocab_size)[0]
+
+
+def token_logprobs(logits: mx.array, tokens: Sequence[int] | np.ndarray, top: int,
+                   vocab_size: int) -> list[TokenLogprob]:
+    """:func:`token_logprob` of ``tokens[i]`` under row ``i`` of ``logits (R, V)``, each step
+    one operation over all the rows."""
+    rows = logits.astype(mx.float32)
+    rows = rows - mx.logsumexp(rows, axis=-1, keepdims=True)  # (R, V)
+    ids = mx.array(np.asarray(tokens, dtype=np.int32).reshape(-1, 1))
+    chosen = np.asarray(mx.take_along_axis(rows, ids, axis=-1)).reshape(-1)
+    picked = values = np.zeros((len(chosen), 0))
     if top:
-        named = row[:vocab_size]
-        picked = np.asarray(mx.argpartition(-named, min(top, named.size) - 1)[:top])
-        values = np.asarray(named[mx.array(picked)])
-        order = np.argsort(-values, kind="stable")
-        best = [(int(picked[i]), float(values[i])) for i in order if np.isfinite(values[i])]
-    chosen = float(np.asarray(row[token]))
-    return TokenLogprob(int(token), chosen if math.isfinite(chosen) else -9999.0, tuple(best))
+        named = rows[:, :vocab_size]
+        k = min(top, named.shape[-1])
+        best = mx.argpartition(-named, k - 1, axis=-1)[:, :k]  # (R, k), unordered
+        picked, values = np.asarray(best), np.asarray(mx.take_along_axis(named, best, axis=-1))
+    out = []
+    for i, token in enumerate(np.asarray(tokens).reshape(-1)):
+        order = np.argsort(-values[i], kind="stable")
+        alternatives = tuple((int(picked[i, j]), float(values[i, j])) for j in order
+                             if np.isfinite(values[i, j]))
+        lp = float(chosen[i])
+        out.append(TokenLogprob(int(token), lp if math.isfinite(lp) else -9999.0, alternatives))
+    return out
 
 
 class LogprobRecorder:

@@ -35,16 +35,17 @@ definitions are new to its session. Both calls block and are meant for worker th
   (:class:`~nexus_mlx.agent.session.Session`).
 - ``complete(prepared, on_text, cancel, on_logprob, choice)`` takes a pooled session (the one
   whose cache keeps the most of this conversation, :mod:`.pool`), generates (a raw prompt with
-  :meth:`~nexus_mlx.agent.session.Session.complete`; with ``max_tokens`` 0 none: the prompt is
-  only echoed, and scored when asked, by one :class:`~nexus_mlx.agent.prompt_scoring.PromptScorer`
-  that reuses the last scored prompt's common prefix, its rows counted in ``stats()``) under the
-  request's constraint,
-  sampler (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
-  :func:`~.sampling.make_sampler`) and logits processors, calls
-  ``on_logprob(entry)`` (with ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then
-  ``on_text(text_so_far)`` after each token, and returns a :class:`Completion`, or None when
-  ``cancel`` was set (the generation stops at the next token; the session keeps what it cached
-  and goes back to the pool).
+  :meth:`~nexus_mlx.agent.session.Session.complete`) under the request's constraint, sampler
+  (greedy at temperature 0; ``choice``, default 0, picks the seed's stream:
+  :func:`~.sampling.make_sampler`) and logits processors, calls ``on_logprob(entry)`` (with
+  ``logprobs`` asked: :func:`~.responses.logprob_entry`) and then ``on_text(text_so_far)``
+  after each token, and returns a :class:`Completion`, or None when ``cancel`` was set (the
+  generation stops at the next token; the session keeps what it cached and goes back to the
+  pool). A raw prompt asked to be scored (``score_prompt``: ``echo`` with ``logprobs``) is
+  scored first by the engine's :class:`~nexus_mlx.agent.prompt_scoring.PromptScorer`, which
+  reuses the last scored prompt's common prefix (rows counted in ``stats()``), its entries
+  handed to ``on_logprob`` marked ``"prompt"``; with ``max_tokens`` 0 that is all: no session
+  is taken and nothing is generated.
 
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
