@@ -78,3 +78,18 @@ def test_a_scorer_reuses_a_shared_prefix_and_scores_as_a_fresh_scoring_does():
     n = len(context)
     # fresh; the rows from the context's last one; none; none (a prefix); another top: all; new
     assert computed == [n + 2, 2, 0, 0, n + 2, 19]
+
+
+def test_a_scorer_lends_the_rows_of_its_last_prompt():
+    model = tiny_model("llama")
+    scorer = PromptScorer(model, VOCAB)
+    prompt = list(range(10, 40))
+    assert scorer.cache is None and scorer.rows_for(prompt) == 0
+    scorer.score(prompt, 1)
+    assert scorer.cache is not None and scorer.cache.n_past == len(prompt) - 1
+    assert list(scorer.cache.tokens[:scorer.cache.n_past]) == prompt[:-1]
+    assert scorer.rows_for(prompt) == len(prompt) - 1
+    assert scorer.rows_for(prompt + [7, 8]) == len(prompt) - 1
+    assert scorer.rows_for(prompt[:12]) == 11  # all but the last of a shorter prompt
+    assert scorer.rows_for(prompt[:5] + [99] + prompt[6:]) == 5
+    assert scorer.rows_for([1, 2, 3]) == 0

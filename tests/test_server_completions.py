@@ -287,3 +287,17 @@ def test_a_batch_with_one_bad_prompt_is_refused_whole_naming_it(server):
     assert status == 400 and answer["error"]["param"] == "prompt"
     assert answer["error"]["message"].startswith("prompt 1: ")
     assert answer["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_scored_prompt_that_is_continued_is_computed_once(server, tiny):
+    """echo + logprobs with max_tokens >= 1: the session that continues the prompt starts from
+    the scorer's rows (all but the last), and the reply is the one the prompt gets alone."""
+    model, tokenizer = tiny
+    prompt = "A prompt no earlier test has sent: seven silver swans swam south"
+    ids = list(tokenizer.encode(prompt))
+    c = client(server)
+    scored = c.completions.create(model="tiny", prompt=prompt, max_tokens=4, echo=True,
+                                  logprobs=1)
+    assert scored.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+    want, _ = greedy_text(model, tokenizer, ids, 4)
+    assert scored.choices[0].text == prompt + want

@@ -15,7 +15,9 @@ live session is not touched: the prompt's rows are computed again); the output h
 that shares a prefix with it (the continuations of one context an evaluation harness scores
 one after another, the same prompt for each of ``n`` choices) reuses the scores of the tokens
 inside the prefix and computes only the rows from the prefix's last one on. The scores equal
-a fresh scoring's up to float32 rounding. Not thread-safe (the server scores on its MLX
+a fresh scoring's up to float32 rounding. Its :attr:`~PromptScorer.cache` (and
+:meth:`~PromptScorer.rows_for`) lets a session that goes on to continue the prompt start from
+those rows instead of computing them again. Not thread-safe (the server scores on its MLX
 thread). It knows nothing about sessions, requests or HTTP.
 """
 
@@ -93,3 +95,16 @@ class PromptScorer:
         self._ids, self._top, self._cache, self._scores = arr, top, cache, scores
         self.reused, self.computed = self.reused + keep, self.computed + arr.size - 1 - keep
         return list(scores)
+
+    @property
+    def cache(self) -> NexusCache | None:
+        """The K/V of the last prompt scored but its last id (rows computed exactly from
+        position 0; the scorer keeps writing it: fork it to keep a copy)."""
+        return self._cache
+
+    def rows_for(self, ids: Sequence[int] | np.ndarray) -> int:
+        """How many leading rows of :attr:`cache` hold ids equal to ``ids``' (at most all but
+        its last id: whoever continues ``ids`` computes that one)."""
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        n = min(arr.size - 1, self._ids.size - 1) if self._cache is not None else 0
+        return int(np.argmin(np.append(arr[:max(n, 0)] == self._ids[:max(n, 0)], False)))

@@ -328,6 +328,8 @@ class Engine:
                                                      r.logit_bias),
             logprobs=r.top_logprobs if r.logprobs else None, on_logprob=shape)
         if r.prompt is not None:  # a raw completion: the ids as they are
+            if scored is not None:
+                self._seed_from_scorer(session, prepared.ids)
             reply = session.complete(prepared.ids, **options)
         else:
             reply = session.generate(
@@ -335,6 +337,19 @@ class Engine:
                 parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
                 prediction=r.prediction, **options)
         return reply, started, entries if r.logprobs else None, scored
+
+    def _seed_from_scorer(self, session: Session, ids: np.ndarray) -> None:
+        """Give ``session`` the scorer's rows of ``ids`` where it keeps fewer of them, so a
+        scored prompt that is then continued is computed once (the rows are exact)."""
+        scorer = self._scorer
+        rows = scorer.rows_for(ids) if scorer is not None else 0
+        held = session.tokens[:ids.size]
+        kept = int(np.argmin(np.append(held == ids[:held.size], False)))
+        if scorer is None or scorer.cache is None or rows <= kept:
+            return
+        donor = self._new_session()  # holds the scorer's cache only to lend its rows
+        donor.cache = scorer.cache
+        session.copy_prefix(donor, rows)
 
     def _scored_prompt(self, prepared: Prepared,
                        on_logprob: Callable[[dict[str, Any]], None] | None
