@@ -95,8 +95,8 @@ def draw(result: dict[str, Any], name: str, quick: bool) -> None:
     cis = [result[f"{arm}_ms"][1:] for arm in arms]
     ax.bar(arms, medians, yerr=plots.error_bars(medians, cis))
     ax.set_ylabel("ms per item (median, 95% CI)")
-    ax.set_title(f"Scoring {result['choices']} continuations of one context "
-                 f"({result['speedup'][0]:.2f}x)")
+    ax.set_title(f"{result['model_info']['spec']}: scoring {result['choices']} continuations "
+                 f"of one context ({result['speedup'][0]:.2f}x)", fontsize=9)
     plots.save(fig, name, quick)
 
 
