@@ -1,14 +1,13 @@
 """The log probabilities of a prompt's own tokens under the model (teacher forcing).
 
 Contract: ``prompt_logprobs(model, ids, top, vocab_size)`` returns one
-:class:`~.session_report.TokenLogprob` per id after the first: ``ids[i]``'s log probability
-under the model's next-token distribution after ``ids[:i]`` (raw logits, log-softmaxed in
-float32: no sampler, processor or constraint, since nothing was drawn), with the ``top`` most
-likely ids below ``vocab_size`` (:func:`~.session_report.token_logprobs`, a chunk of rows at
-a time). It is what the
+:class:`~.session_report.TokenLogprob` per id after the first: ``ids[i]``'s log probability under
+the model's next-token distribution after ``ids[:i]`` (raw logits, log-softmaxed in float32: no
+sampler, processor or constraint, since nothing was drawn), with the ``top`` most likely ids below
+``vocab_size`` (:func:`~.session_report.token_logprobs`, a chunk of rows at a time). It is what the
 completions API's ``echo`` with ``logprobs`` returns, and what evaluation harnesses score a
-continuation by. One forward pass over a scratch cache computes the prompt's hidden states (a
-live session is not touched: the prompt's rows are computed again); the output head runs
+continuation by. One forward pass over a scratch cache computes the prompt's hidden states (a live
+session is not touched: the prompt's rows are computed again); the output head runs
 :data:`SCORE_CHUNK` rows at a time, so the ``(T, V)`` logits never exist at once.
 
 :class:`PromptScorer` scores the same way and keeps the last prompt's K/V and scores: a prompt

@@ -1,9 +1,9 @@
 """The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>` and
 :meth:`Session.complete <nexus_mlx.agent.session.Session.complete>`.
 
-Contract: ``decode_turn(session, step, ...)`` steps and decodes one reply under the session's
-lock and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings, log
-probabilities); ````decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
+Contract: ``decode_turn(session, step, ...)`` steps and decodes one reply under the session's lock
+and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings, log
+probabilities); ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
 on_token, start, score=None)`` decodes from the session's live cache, after a step, one token at a
 time under the turn's ``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from exact

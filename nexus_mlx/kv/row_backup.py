@@ -5,7 +5,8 @@ layer's K and V into buffers of their own, evaluated, so the cache's big arrays 
 reference and can still be written in place; :meth:`RowBackup.put_back` writes the copies back
 into the same rows of the arrays then in the cache (same shapes). Runs of consecutive rows are
 copied as slices, at memory speed; past :data:`MAX_RUNS` runs the rows are gathered instead.
-K is ``(1, H, capacity, D)``; V the same, or ``(1, H, D, capacity)`` when ``transposed``. It knows nothing of positions, tokens or models.
+K is ``(1, H, capacity, D)``; V the same, or ``(1, H, D, capacity)`` when ``transposed``. It
+knows nothing of positions, tokens or models.
 """
 
 from __future__ import annotations
