@@ -8,8 +8,8 @@ ids; streamed chunks add up to the whole answer (echo first, a finish reason las
 alternatives and offsets; ``echo`` with ``logprobs`` scores the prompt as mlx-lm's forward
 does, also alone (``max_tokens`` 0); a batch of prompts answers each one's choices in order; a
 stop string cuts the text; ``n`` choices are reproducible with a seed; a prompt that extends an
-earlier one reuses its rows. Bad requests are refused by name,
-and the server still answers afterwards. A tiny random-weight llama with the default model's
+earlier one reuses its rows. Bad requests are refused by name, and the server still answers
+afterwards; the parser, fuzzed, answers any body with a request or a named error. A tiny random-weight llama with the default model's
 tokenizer, and the default model where behaviour matters (its continuation of a plain text, and
 " Paris" scored above " London" after "The capital of France is").
 """
@@ -20,11 +20,19 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlx_lm.generate import generate_step
 
 openai = pytest.importorskip("openai")
 
 from test_server import _tiny_llama, client, healthy, http, running  # noqa: E402
+
+from nexus_mlx.server.completions_api import (  # noqa: E402
+    legacy_logprobs,
+    parse_completions_request,
+)
+from nexus_mlx.server.protocol import ApiError  # noqa: E402
 
 PROMPT = "The three primary colours are red, yellow and"
 
@@ -301,3 +309,41 @@ def test_a_scored_prompt_that_is_continued_is_computed_once(server, tiny):
     assert scored.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
     want, _ = greedy_text(model, tokenizer, ids, 4)
     assert scored.choices[0].text == prompt + want
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 70000) | st.floats(-3, 3)
+                     | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_FIELDS = ["model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "suffix", "n",
+           "stream", "stream_options", "temperature", "top_p", "seed", "stop", "logit_bias",
+           "frequency_penalty", "presence_penalty", "user", "other"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=8), st.booleans())
+def test_the_parser_answers_any_body_with_a_request_or_a_named_error(body, well_formed):
+    if well_formed:  # most fuzzed bodies fail early: half the time make the start valid
+        body = {"model": "m", "prompt": "p", **{k: v for k, v in body.items()
+                                                if k not in ("model", "prompt")}}
+    parsed = parse_completions_request(body)
+    if isinstance(parsed, ApiError):
+        assert parsed.status == 400 and parsed.param is not None or "JSON object" in \
+            parsed.message
+        return
+    chats = parsed.chats()
+    assert chats and all(c.prompt is not None and not c.messages for c in chats)
+    assert len(chats) * parsed.chat.n <= 128
+    assert parsed.chat.max_tokens > 0 or parsed.echo
+    assert parsed.chat.score_prompt == (parsed.echo and parsed.logprobs is not None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=5), max_size=12), st.integers(0, 50))
+def test_legacy_logprobs_offsets_count_each_token_s_characters(tokens, offset):
+    entries = [{"token": t, "logprob": -1.0, "top_logprobs": [{"token": t, "logprob": -1.0}]}
+               for t in tokens]
+    lp = legacy_logprobs(entries, offset)
+    assert lp["tokens"] == tokens and len(lp["text_offset"]) == len(tokens)
+    for i, start in enumerate(lp["text_offset"]):
+        assert start == offset + len("".join(tokens[:i]))
