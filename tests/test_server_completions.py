@@ -2,16 +2,16 @@
 wire format is checked).
 
 A raw prompt is continued without the chat template: greedy text equals mlx-lm's own greedy
-generation from the same ids (the oracle), for a string prompt and the same prompt as token
-ids; streamed chunks add up to the whole answer (echo first, a finish reason last, usage with
+generation from the same ids (the oracle), for a string prompt and the same prompt as token ids;
+streamed chunks add up to the whole answer (echo first, a finish reason last, usage with
 ``include_usage``); ``echo`` repeats the prompt; ``logprobs`` carries each token with its
-alternatives and offsets; ``echo`` with ``logprobs`` scores the prompt as mlx-lm's forward
-does, also alone (``max_tokens`` 0); a batch of prompts answers each one's choices in order; a
-stop string cuts the text; ``n`` choices are reproducible with a seed; a prompt that extends an
-earlier one reuses its rows. Bad requests are refused by name, and the server still answers
-afterwards; the parser, fuzzed, answers any body with a request or a named error. A tiny random-weight llama with the default model's
-tokenizer, and the default model where behaviour matters (its continuation of a plain text, and
-" Paris" scored above " London" after "The capital of France is").
+alternatives and offsets; ``echo`` with ``logprobs`` scores the prompt as mlx-lm's forward does,
+also alone (``max_tokens`` 0); a batch of prompts answers each one's choices in order; a stop
+string cuts the text; ``n`` choices are reproducible with a seed; a prompt that extends an earlier
+one reuses its rows. Bad requests are refused by name, and the server still answers afterwards; the
+parser, fuzzed, answers any body with a request or a named error. A tiny random-weight llama with
+the default model's tokenizer, and the default model where behaviour matters (its continuation of a
+plain text, and " Paris" scored above " London" after "The capital of France is").
 """
 
 from __future__ import annotations
