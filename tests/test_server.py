@@ -807,6 +807,23 @@ def test_conversations_sharing_a_prefix_get_their_own_sessions_seeded_with_it(ti
     assert serve_ids(np.r_[shared, a[:5], a[25:], 5, 6, 9, c, 1, 2])[0] == first  # kept its own
 
 
+def test_a_branch_is_seeded_from_the_longest_shared_prefix_not_the_cheapest_session(tiny):
+    """A small unrelated session drops the fewest rows, but a new branch of a long document is
+    seeded from the session that shares the document's start."""
+    model, tokenizer = tiny
+    rng = np.random.default_rng(2)
+    doc, tail, other = (rng.integers(10, 40000, n) for n in (120, 300, 60))
+    pool = SessionPool(lambda: Session(model, tokenizer, policy="exact"), max_sessions=4,
+                       cache_budget=1 << 30)
+    reports = []
+    for ids in (np.r_[doc, tail], rng.integers(10, 40000, 6), np.r_[doc[:100], other]):
+        entry = pool.acquire(ids)
+        assert entry is not None
+        reports.append(entry.session.step_ids(ids))
+        pool.release(entry)
+    assert (reports[2].reused, reports[2].computed) == (100, 60)
+
+
 def test_the_assembler_reads_text_as_the_session_parser_does():
     text = ('  Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'
             '\n</tool_call>\n<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}'

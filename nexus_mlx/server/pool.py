@@ -15,9 +15,9 @@ re-rendered), or it edits the conversation (a reused block past the prefix, drop
 than it keeps). Otherwise the request departs inside that conversation's last prompt without
 reusing a block — another conversation sharing a prefix (agents share a system prompt and
 tools), or a branch of it: a new session serves (or, with ``max_sessions`` reached, the least
-recently used idle one is overwritten), seeded with a copy of the common prefix
-(:meth:`~nexus_mlx.agent.session.Session.copy_prefix`), so the shared rows are not recomputed
-and the other conversation keeps its cache. The copy's source is held busy while it is made. A
+recently used idle one is overwritten), seeded with a copy of the longest common prefix an idle
+session holds (:meth:`~nexus_mlx.agent.session.Session.copy_prefix`), so the shared rows are
+not recomputed and the other conversation keeps its cache. The copy's source is held busy while it is made. A
 request that goes on with a busy session's conversation waits for it rather than taking another
 session; when every session is busy and none may be made, ``acquire`` waits too (checking
 ``cancelled`` every tenth of a second; None when it fires).
@@ -131,7 +131,11 @@ class SessionPool:
         best = max(idle, key=lambda t: t[0]) if idle else None
         if best is not None and _continues(best[1], best[2]):
             return _Plan(best[1])
-        source, rows = (best[1], best[2].prefix) if best is not None and best[2].prefix else (None, 0)
+        # a new branch copies the longest common prefix any idle session holds (the session
+        # that would best serve in place may hold less: a small unrelated one drops little)
+        longest = max(idle, key=lambda t: (t[2].prefix, t[1].last_used)) if idle else None
+        source, rows = ((longest[1], longest[2].prefix) if longest is not None
+                        and longest[2].prefix else (None, 0))
         if len(self.entries) + self._reserved < self.max_sessions:
             return _Plan(None, source, rows)
         if not idle:
