@@ -338,3 +338,20 @@ def prompt_scoring_section(d: dict[str, Any]) -> list[str]:
             f"{fmt(get(d, 'accuracy', 'mean'), '.2f')} (chance "
             f"{fmt(get(d, 'accuracy', 'chance'), '.2f')}).",
             ""] + table(["arm", "ms per item [95% CI]", "rows computed per item"], rows)
+
+
+def server_completions_section(d: dict[str, Any]) -> list[str]:
+    """``server_completions``: raw completions of an edited document, ours vs mlx_lm.server."""
+    rows = _by_class(mapping(d, "summary"), ("edit", "append"), lambda c: [
+        fmt(c.get("n")), fmt(c.get("ttft_ms_mean"), ".0f"), fmt(c.get("ttft_ms_median"), ".0f"),
+        f"{fmt(c.get('ttft_speedup_vs_mlx_lm'), '.2f')} {fmt_ci(c.get('ttft_speedup_ci'), '.2f')}",
+        fmt(c.get("agree_with_mlx_lm"), ".2f"), fmt(c.get("agree_but_leading_space"), ".2f"),
+        fmt(c.get("cached_tokens_mean"), ".0f")])
+    return [f"{fmt(d.get('docs'))} documents of {fmt(d.get('paragraphs'))} HotpotQA paragraphs "
+            f"(median prompt {fmt(d.get('prompt_tokens_median'), '.0f')} tokens), "
+            f"{fmt(d.get('edits'))} changes each (a sentence replaced in the first half, or a "
+            f"paragraph appended), each continued for {fmt(d.get('max_tokens'))} tokens; the "
+            f"same prompt tokens on every server in {fmt(d.get('prompts_identical_rate'), '.2f')}"
+            " of requests.", ""] + table(
+        ["server", "class", "n", "TTFT mean ms", "TTFT median ms", "vs mlx_lm.server [95% CI]",
+         "same text", "same but leading space", "cached tokens"], rows)
