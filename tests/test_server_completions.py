@@ -289,6 +289,24 @@ def test_a_missing_prompt_and_an_unknown_model_are_refused(server):
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
 
 
+def test_an_idle_server_forgets_its_scored_prompt(default_model):
+    import time
+
+    with running(_tiny_llama(), default_model[1], model_name="tiny",
+                 idle_release_s=0.3) as idle_server:
+        c = client(idle_server)
+        ask = dict(model="tiny", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+        first = c.completions.create(**ask).choices[0].logprobs.token_logprobs
+        computed = healthy(idle_server)["scored_rows_computed"]
+        deadline = time.monotonic() + 20
+        while healthy(idle_server)["idle_releases"] < 1:
+            assert time.monotonic() < deadline, healthy(idle_server)
+            time.sleep(0.05)
+        again = c.completions.create(**ask).choices[0].logprobs.token_logprobs
+        assert healthy(idle_server)["scored_rows_computed"] == 2 * computed  # scored anew
+        assert again == pytest.approx(first, abs=1e-6)
+
+
 def test_a_batch_with_one_bad_prompt_is_refused_whole_naming_it(server):
     status, answer = http(server, "/v1/completions",
                           {"model": "tiny", "prompt": [PROMPT, "x " * 3000], "max_tokens": 2})

@@ -95,6 +95,10 @@ class PromptScorer:
         self.reused, self.computed = self.reused + keep, self.computed + arr.size - 1 - keep
         return list(scores)
 
+    def forget(self) -> None:
+        """Drop the last prompt (its K/V and scores); the counters stay."""
+        self._ids, self._top, self._cache, self._scores = np.zeros(0, np.int64), -1, None, []
+
     @property
     def cache(self) -> NexusCache | None:
         """The K/V of the last prompt scored but its last id (rows computed exactly from

@@ -27,9 +27,9 @@ definitions are new to its session. Both calls block and are meant for worker th
   instead of growing the RSS turn by turn. Trims and their time are counted in ``stats()``,
   beside MLX's live arrays and its cache of freed buffers (bytes). Once no request has been in
   flight for ``idle_release_s`` seconds (default :data:`DEFAULT_IDLE_RELEASE_S`; None: never),
-  MLX's buffer cache is cleared and the heap trimmed (with trims on), once per idle period
-  (:mod:`.idle`; counted as ``idle_releases``). ``close()`` stops that watch.
-  ``guard`` (nats; default
+  the prompt scorer forgets its last prompt, MLX's buffer cache is cleared and the heap
+  trimmed (with trims on), once per idle period (:mod:`.idle`; counted as ``idle_releases``).
+  ``close()`` stops that watch. ``guard`` (nats; default
   :data:`~nexus_mlx.agent.session.DEFAULT_GUARD`; 0 or None: off) is the sessions' close-call
   guard: stale rows are healed before a token whose top two logits are that close
   (:class:`~nexus_mlx.agent.session.Session`).
@@ -374,8 +374,11 @@ class Engine:
             return bool(self._inflight)
 
     def _release_idle_memory(self) -> None:
-        """MLX's cache of freed buffers and the C heap's free pages back (idle; MLX thread)."""
+        """The scorer's last prompt, MLX's cache of freed buffers and the C heap's free pages
+        back (idle; MLX thread)."""
         def release() -> None:
+            if self._scorer is not None:
+                self._scorer.forget()
             mx.clear_cache()
             if self.trimmer is not None:
                 self.trimmer.trim()
