@@ -263,7 +263,9 @@ def test_a_longer_prompt_reuses_the_rows_of_an_earlier_one(server, tiny):
     ({"logprobs": 21}, "logprobs"),
     ({"best_of": 3}, "best_of"),
     ({"best_of": 1, "n": 2}, "best_of"),
-    ({"suffix": "end"}, "suffix"),
+    ({"suffix": "end"}, "suffix"),  # SmolLM2's vocabulary has no FIM tokens
+    ({"suffix": 3}, "suffix"),
+    ({"suffix": "end", "echo": True}, "echo"),
     ({"echo": "yes"}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"temperature": 3}, "temperature"),

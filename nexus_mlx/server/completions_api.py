@@ -15,9 +15,11 @@ completion, and with ``logprobs`` the prompt's own tokens' log probabilities bef
 generated ones' (the first token has none: :mod:`~nexus_mlx.agent.prompt_scoring`, what
 evaluation harnesses score continuations by); ``temperature``, ``top_p``, ``seed``, ``stop``,
 the penalties, ``logit_bias``, ``n``, ``stream`` and ``stream_options`` read as in chat
-completions; ``best_of`` may equal ``n`` (no selection), ``suffix`` may be empty, and ``user``
-changes nothing. Refused by name: ``best_of`` above ``n`` (server-side selection) and a
-``suffix`` (fill-in-the-middle).
+completions; ``best_of`` may equal ``n`` (no selection) and ``user`` changes nothing. A
+non-empty ``suffix`` asks to fill in the middle between the prompt and it, with the model's FIM
+tokens (:mod:`~nexus_mlx.models.fim`; a model without them answers 400 naming ``suffix``).
+Refused by name: ``best_of`` above ``n`` (server-side selection) and ``echo`` with a
+``suffix``.
 
 :class:`CompletionsAnswer` presents a reply as a ``text_completion`` object, or its stream
 chunks (the echoed prompt first, with its scores, so once the reply has begun; then the text
@@ -88,6 +90,12 @@ def _prompts(value: Any) -> tuple[Prompt, ...]:
     return (_one_prompt(value),)
 
 
+def _suffix(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ArgumentError(f"suffix must be a string, got {value!r:.80}")
+    return value
+
+
 def _max_tokens(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArgumentError(f"max_tokens must be an integer >= 0, got {value!r}")
@@ -108,6 +116,7 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
         ("logprobs", "top_logprobs", lambda v: check_top_logprobs(v, "logprobs")),
         ("echo", "echo", lambda v: check_bool(v, "echo")),
         ("best_of", "best_of", lambda v: check_positive_int(v, "best_of")),
+        ("suffix", "suffix", _suffix),
         *SAMPLING_CHECKS], values)
     if problem is None:
         problem = stream_options_problem(values) or _unsupported(body, values)
@@ -136,9 +145,8 @@ def _unsupported(body: Mapping[str, Any], values: Mapping[str, Any]) -> ApiError
         return ApiError(400, f"best_of={best_of} above n={n} (choosing the best of several "
                         "completions on the server) is not supported; ask for n choices",
                         "best_of", "unsupported_value")
-    if body.get("suffix") not in (None, ""):
-        return ApiError(400, "suffix (fill-in-the-middle) is not supported by this server",
-                        "suffix", "unsupported_value")
+    if values.get("suffix") and values.get("echo"):
+        return ApiError(400, "echo cannot be used with a suffix", "echo")
     return None
 
 

@@ -9,7 +9,8 @@ definitions are new to its session. Both calls block and are meant for worker th
 
 - ``prepare(request)`` renders the conversation with the model's chat template (a raw
   ``prompt``, the completions API's, is encoded as it is, or its ids checked against the
-  vocabulary; its text is kept for ``echo``) and checks what only the model can: that the
+  vocabulary, and laid out with its ``suffix`` between the model's fill-in-the-middle tokens
+  when it has one; its text is kept for ``echo``) and checks what only the model can: that the
   template renders it, that it fits the context (with the asked
   ``max_tokens``: HTTP 400 ``context_length_exceeded``, as OpenAI answers), that the tools'
   schemas and the ``response_format`` compile to grammars. It returns a :class:`Prepared`
@@ -86,6 +87,7 @@ from nexus_mlx.decode.name_fsm import token_bytes, vocab_of
 from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError, ToolError
 from nexus_mlx.models.arch import model_plan
+from nexus_mlx.models.fim import fim_prompt
 from nexus_mlx.server.idle import IdleRelease
 from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
@@ -169,15 +171,23 @@ class Engine:
             except ArgumentError as exc:
                 return ApiError(400, str(exc), "messages")
         if isinstance(prompt, str):
-            ids = list(self.tokenizer.encode(prompt))
-            if not ids:
-                return ApiError(400, "the prompt is empty: it encodes to no tokens", "prompt")
-            return ids, prompt
-        outside = [i for i in prompt if not 0 <= i < self._vocab_size]
-        if outside:
-            return ApiError(400, f"the prompt names token ids outside the vocabulary (size "
-                            f"{self._vocab_size}): {outside[:5]}", "prompt")
-        return list(prompt), self.tokenizer.decode(list(prompt))
+            ids, text = list(self.tokenizer.encode(prompt)), prompt
+        else:
+            outside = [i for i in prompt if not 0 <= i < self._vocab_size]
+            if outside:
+                return ApiError(400, f"the prompt names token ids outside the vocabulary (size "
+                                f"{self._vocab_size}): {outside[:5]}", "prompt")
+            ids, text = list(prompt), self.tokenizer.decode(list(prompt))
+        if request.suffix:
+            fim = fim_prompt(self.tokenizer, ids, request.suffix)
+            if fim is None:
+                return ApiError(400, "this model's vocabulary has no fill-in-the-middle tokens "
+                                "(<|fim_prefix|>, <fim_prefix>, ...): it cannot take a suffix",
+                                "suffix", "unsupported_value")
+            return fim, text
+        if not ids:
+            return ApiError(400, "the prompt is empty: it encodes to no tokens", "prompt")
+        return ids, text
 
     def _prepare(self, request: ChatRequest, arrived: float) -> Prepared | ApiError:
         prompt = self._prompt(request)

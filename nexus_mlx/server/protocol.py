@@ -97,6 +97,7 @@ class ChatRequest:
     prediction: str | None = None  # the predicted output's text
     prompt: str | tuple[int, ...] | None = None  # continued as is, no template (completions)
     score_prompt: bool = False  # also the raw prompt's own log probabilities (echo + logprobs)
+    suffix: str = ""  # a raw prompt's suffix: fill in the middle (the model's FIM tokens)
 
     @property
     def calls_allowed(self) -> bool:
