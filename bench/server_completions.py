@@ -30,7 +30,7 @@ CI), "agree_with_mlx_lm", "agree_but_leading_space", "cached_tokens_mean", "n"}`
 
 from __future__ import annotations
 
-from common import arg_parser, emit, paired_ratio_ci  # first: loads nexus_mlx + fast BLAS
+from common import arg_parser, emit, paired_ratio_ci, shared_data  # first: nexus_mlx + BLAS
 
 import json
 import os
@@ -44,7 +44,6 @@ import numpy as np
 import openai
 
 import plots
-from common import shared_data
 from server import EXACT, MLX_LM, REPAIR, ServerProcess, convert, mlx_lm_server, nexus_server
 
 NAME = "server_completions"

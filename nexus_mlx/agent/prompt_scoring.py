@@ -28,19 +28,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.session_report import TokenLogprob, token_logprobs
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import NexusCache
 from nexus_mlx.models.forward import forward_hidden, lm_head, make_cache
 
 SCORE_CHUNK = 64  # prompt rows whose logits exist at once (Qwen's vocabulary: 39 MB)
-
-
-def _checked(ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-    if arr.size == 0:
-        raise ArgumentError("a prompt to score needs at least one token")
-    return arr
 
 
 def _scores(model: nn.Module, hidden: mx.array, targets: np.ndarray, top: int,
@@ -57,11 +51,7 @@ def _scores(model: nn.Module, hidden: mx.array, targets: np.ndarray, top: int,
 def prompt_logprobs(model: nn.Module, ids: Sequence[int] | np.ndarray, top: int,
                     vocab_size: int) -> list[TokenLogprob]:
     """The log probabilities of ``ids[1:]`` (module docstring); [] for a one-id prompt."""
-    arr = _checked(ids)
-    if arr.size == 1:
-        return []
-    hidden = forward_hidden(model, arr[:-1], make_cache(model, max_tokens=arr.size))
-    return _scores(model, hidden, arr[1:], top, vocab_size)
+    return PromptScorer(model, vocab_size).score(ids, top)
 
 
 class PromptScorer:
@@ -77,11 +67,12 @@ class PromptScorer:
 
     def score(self, ids: Sequence[int] | np.ndarray, top: int) -> list[TokenLogprob]:
         """:func:`prompt_logprobs` of ``ids`` with ``top`` alternatives per id."""
-        arr = _checked(ids)
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size == 0:
+            raise ArgumentError("a prompt to score needs at least one token")
         if arr.size == 1:
             return []
-        same = min(arr.size, self._ids.size) if top == self._top else 0
-        same = int(np.argmin(np.append(arr[:same] == self._ids[:same], False)))  # shared ids
+        same = common_prefix(self._ids, arr) if top == self._top else 0  # shared ids
         keep = max(same - 1, 0)  # rows whose hidden state feeds a score both prompts share
         if keep == arr.size - 1:  # the last prompt, or a prefix of it: every score is kept
             self.reused += keep
@@ -108,6 +99,7 @@ class PromptScorer:
     def rows_for(self, ids: Sequence[int] | np.ndarray) -> int:
         """How many leading rows of :attr:`cache` hold ids equal to ``ids``' (at most all but
         its last id: whoever continues ``ids`` computes that one)."""
+        if self._cache is None:
+            return 0
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-        n = min(arr.size - 1, self._ids.size - 1) if self._cache is not None else 0
-        return int(np.argmin(np.append(arr[:max(n, 0)] == self._ids[:max(n, 0)], False)))
+        return common_prefix(self._ids[:-1], arr[:-1])

@@ -256,8 +256,7 @@ def apply_splice(
             cache.commit_positions(write, tokens)
             kept = np.setdiff1d(np.arange(s), plan.picked)
             if kept.size:
-                kept_plan = WritePlan(r0 + kept, positions[kept], write.n_past_after,
-                                      bool(np.all(np.diff(kept) == 1)))
+                kept_plan = WritePlan(r0 + kept, positions[kept], write.n_past_after)
                 for i in range(cache.num_layers):
                     cache.write_layer(i, kept_plan, _kept_rows(plan.keys[i], kept, s),
                                       _kept_rows(block.values(i), kept, s))

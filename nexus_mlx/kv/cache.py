@@ -61,11 +61,6 @@ class WritePlan:
     rows: np.ndarray  # (T,) int64
     positions: np.ndarray  # (T,) int64
     n_past_after: int
-    contiguous: bool  # rows form one increasing run
-
-    @property
-    def first_row(self) -> int:
-        return int(self.rows[0])
 
     @cached_property
     def runs(self) -> list[tuple[int, int]]:
@@ -230,7 +225,7 @@ class NexusCache:
         if row_arr.size != pos.size:
             raise CacheError(f"{row_arr.size} rows for {pos.size} positions")
         if row_arr.size == 0:
-            return WritePlan(row_arr, pos, self.n_past, True)
+            return WritePlan(row_arr, pos, self.n_past)
         if row_arr.min() < 0:
             raise CacheError(f"row {int(row_arr.min())} is negative")
         if np.unique(row_arr).size != row_arr.size:
@@ -246,8 +241,7 @@ class NexusCache:
         live = self._positions[: self.n_past]
         overwritten = row_arr[row_arr < self.n_past]
         check_distinct(np.delete(live, overwritten) if overwritten.size else live, pos)
-        contiguous = bool(np.all(np.diff(row_arr) == 1))
-        return WritePlan(row_arr, pos, n_after, contiguous)
+        return WritePlan(row_arr, pos, n_after)
 
     # ---- storage growth -----------------------------------------------------------------
     def _v_shape(self, n: int) -> tuple[int, ...]:

@@ -300,7 +300,7 @@ def _chunk_step(
     """The context of the tokens ``idx`` of ``write``: their rows, and the attended rows cut
     after the last row any of them can see (a row's position above every query's is invisible)."""
     rows, pos = write.rows[idx], write.positions[idx]
-    plan = WritePlan(rows, pos, write.n_past_after, bool(np.all(np.diff(rows) == 1)))
+    plan = WritePlan(rows, pos, write.n_past_after)
     seen = np.flatnonzero(key_pos <= pos.max())
     n_keys = int(seen[-1]) + 1 if seen.size else 0
     return StepContext(pos, cache, plan, KeyView(pos, key_pos[:n_keys]), {}, probe, use_kernel,

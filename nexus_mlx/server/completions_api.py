@@ -66,7 +66,11 @@ class CompletionsRequest:
     chat: ChatRequest  # what the engine serves for the first prompt: sampling, n, streaming
     prompts: tuple[Prompt, ...]  # every prompt, in order
     echo: bool = False
-    logprobs: int | None = None  # alternatives per token; None: no log probabilities
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token; None: no log probabilities."""
+        return self.chat.top_logprobs if self.chat.logprobs else None
 
     def chats(self) -> list[ChatRequest]:
         """What the engine serves, prompt by prompt."""
@@ -119,7 +123,7 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
         ("suffix", "suffix", _suffix),
         *SAMPLING_CHECKS], values)
     if problem is None:
-        problem = stream_options_problem(values) or _unsupported(body, values)
+        problem = stream_options_problem(values) or _unsupported(values)
     if problem is not None:
         return problem
     echo, prompts = values.pop("echo", False), values.pop("prompts")
@@ -127,10 +131,10 @@ def parse_completions_request(body: Any) -> CompletionsRequest | ApiError:
     logprobs = values.get("top_logprobs")
     chat = ChatRequest(messages=[], prompt=prompts[0], logprobs=logprobs is not None,
                        score_prompt=echo and logprobs is not None, **values)
-    return CompletionsRequest(chat, prompts, echo, logprobs)
+    return CompletionsRequest(chat, prompts, echo)
 
 
-def _unsupported(body: Mapping[str, Any], values: Mapping[str, Any]) -> ApiError | None:
+def _unsupported(values: Mapping[str, Any]) -> ApiError | None:
     """What the checked fields ask that this server cannot do, named."""
     n, best_of = values.get("n", 1), values.get("best_of")
     if len(values["prompts"]) * n > MAX_CHOICES:
@@ -208,14 +212,16 @@ class CompletionsAnswer:
             carried = legacy_logprobs(entries, self._offset)
             self._offset += sum(len(e["token"]) for e in entries)
         entries.clear()
-        body: dict[str, Any] = {
-            "id": self.id, "object": "text_completion", "created": self.created,
-            "model": self.r.chat.model,
-            "choices": [{"text": text, "index": self.index, "logprobs": carried,
-                         "finish_reason": finish}]}
+        body = self._body([{"text": text, "index": self.index, "logprobs": carried,
+                            "finish_reason": finish}])
         if self.r.chat.include_usage:
             body["usage"] = None
         return {"data": json.dumps(body)}
+
+    def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """A ``text_completion`` object (a stream chunk or the whole answer)."""
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.r.chat.model, "choices": choices, **extra}
 
     def opening(self) -> list[Sse]:
         return []  # the echo waits for the prompt's scores, which come with the reply
@@ -229,9 +235,7 @@ class CompletionsAnswer:
         if self.index + 1 < self.total:
             return out  # more choices follow
         if self.r.chat.include_usage:
-            out.append({"data": json.dumps({
-                "id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.r.chat.model, "choices": [], "usage": R.usage(*self._dones)})})
+            out.append({"data": json.dumps(self._body([], usage=R.usage(*self._dones)))})
         return [*out, {"data": "[DONE]"}]
 
     def failure(self, error: ApiError) -> list[Sse]:
@@ -247,6 +251,4 @@ class CompletionsAnswer:
         self._choices.append({"text": echoed + self.assembler.content, "index": self.index,
                               "logprobs": logprobs,
                               "finish_reason": R.finish_reason(done.reply, False)})
-        return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.r.chat.model, "choices": self._choices,
-                "usage": R.usage(*self._dones)}
+        return self._body(self._choices, usage=R.usage(*self._dones))

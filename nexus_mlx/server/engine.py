@@ -70,6 +70,7 @@ import numpy as np
 
 from nexus_mlx._platform.heap import HeapTrimmer
 from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
+from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.prompt_scoring import PromptScorer
 from nexus_mlx.agent.session import (
     DEFAULT_GUARD,
@@ -352,10 +353,10 @@ class Engine:
         """Give ``session`` the scorer's rows of ``ids`` where it keeps fewer of them, so a
         scored prompt that is then continued is computed once (the rows are exact)."""
         scorer = self._scorer
-        rows = scorer.rows_for(ids) if scorer is not None else 0
-        held = session.tokens[:ids.size]
-        kept = int(np.argmin(np.append(held == ids[:held.size], False)))
-        if scorer is None or scorer.cache is None or rows <= kept:
+        if scorer is None or scorer.cache is None:
+            return
+        rows = scorer.rows_for(ids)
+        if rows <= common_prefix(session.tokens, ids):
             return
         donor = self._new_session()  # holds the scorer's cache only to lend its rows
         donor.cache = scorer.cache

@@ -17,10 +17,10 @@ reusing a block — another conversation sharing a prefix (agents share a system
 tools), or a branch of it: a new session serves (or, with ``max_sessions`` reached, the least
 recently used idle one is overwritten), seeded with a copy of the longest common prefix an idle
 session holds (:meth:`~nexus_mlx.agent.session.Session.copy_prefix`), so the shared rows are
-not recomputed and the other conversation keeps its cache. The copy's source is held busy while it is made. A
-request that goes on with a busy session's conversation waits for it rather than taking another
-session; when every session is busy and none may be made, ``acquire`` waits too (checking
-``cancelled`` every tenth of a second; None when it fires).
+not recomputed and the other conversation keeps its cache. The copy's source is held busy
+while it is made. A request that goes on with a busy session's conversation waits for it
+rather than taking another session; when every session is busy and none may be made,
+``acquire`` waits too (checking ``cancelled`` every tenth of a second; None when it fires).
 
 Budget: after each release the bytes of all caches (:attr:`NexusCache.nbytes`) are summed and
 idle sessions are dropped, least recently used first, until the total fits ``cache_budget`` (a
