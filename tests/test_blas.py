@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,24 @@ print(json.dumps({"routed": shim_call_counts()["sgemm_as_sgemv"],
         {"NEXUS_MLX_GEMV": "0"},
     )
     assert result["routed"] == 0 and result["sgemm"] >= 1 and result["status"] is False
+
+
+CORE_PROBE = """
+import json
+import nexus_mlx
+from nexus_mlx._platform.blas import BLAS_STATUS
+print(json.dumps({"core": BLAS_STATUS.core, "reason": BLAS_STATUS.reason}))
+"""
+
+
+@linux_only
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="Haswell is an x86 core")
+def test_the_status_names_the_core_and_says_when_the_environment_chose_it() -> None:
+    named = run_child(CORE_PROBE, {"OPENBLAS_CORETYPE": "Haswell"})
+    assert named["core"] == "Haswell"
+    assert named["reason"].endswith("(core Haswell, named by OPENBLAS_CORETYPE)")
+    detected = run_child(CORE_PROBE, {"OPENBLAS_CORETYPE": None})
+    assert detected["core"] and "OPENBLAS_CORETYPE" not in detected["reason"]
 
 
 @linux_only

@@ -30,6 +30,13 @@ environment sets it already. Probes on SmolLM2 (2 cores, three interleaved proce
 1,024-token prefill 1.9-2.2 s instead of 2.4-2.5 s, a 64-row refresh at 2,048 keys 255-343 ms
 instead of 360-380 ms, decode steps within the run-to-run noise.
 
+``BlasStatus.core`` names the CPU core OpenBLAS chose kernels for, and ``reason`` says when the
+environment named it (``OPENBLAS_CORETYPE``, which OpenBLAS obeys over its own detection and
+which this module never changes). A core older than the CPU costs much: on a 2-core AMD Zen 5
+with ``OPENBLAS_CORETYPE=Haswell`` (AVX2 kernels), SmolLM2's 1,024-token prefill took 2.35-2.54 s
+against 1.38-1.40 s with the core OpenBLAS detects there (``SkylakeX``; float32, best of 3,
+two rounds each).
+
 Only the three GEMMs are forwarded. MLX's LAPACK calls (``mx.linalg`` factorizations) keep the
 bundled reference LAPACK/BLAS: they are not on any hot path here, and forwarding ~20 Fortran
 routines would add surface without speeding up matmul.
@@ -63,6 +70,7 @@ THREAD_TIMEOUT_ENV_VAR = "OPENBLAS_THREAD_TIMEOUT"
 THREAD_TIMEOUT = "12"  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps
 GEMV_ENV_VAR = "NEXUS_MLX_GEMV"
 SKINNY_ENV_VAR = "NEXUS_MLX_SKINNY"
+CORETYPE_ENV_VAR = "OPENBLAS_CORETYPE"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIM_NAME = "_blas_shim.so"
 _SHIM_SOURCE = _PACKAGE_DIR / "csrc" / "blas_shim.c"
@@ -83,6 +91,7 @@ class BlasStatus:
     ``shim``: path of the forwarding shim that was loaded (None if none).
     ``config``: the BLAS's own build description (e.g. OpenBLAS core and thread count), if known.
     ``reason``: one human-readable sentence explaining the outcome.
+    ``core``: the CPU core OpenBLAS chose kernels for (``openblas_get_corename``), if known.
     ``gemv_routing``: whether one-row / one-column products went to sgemv when it loaded (the
     state now: :func:`set_gemv_routing`'s last answer).
     """
@@ -94,6 +103,7 @@ class BlasStatus:
     config: str | None = None
     gemv_routing: bool = False  # one-row/one-column sgemm computed by sgemv (at load time)
     skinny_routing: bool = False  # 2-6-row sgemm computed by skinny_gemm.h (at load time)
+    core: str | None = None  # OpenBLAS's kernel family ("SkylakeX", "Haswell"...)
 
 
 _status: BlasStatus | None = None
@@ -136,15 +146,22 @@ def _load_openblas() -> tuple[ctypes.CDLL, str, str]:
     raise BuildError(f"{path} exports no cblas_sgemm (tried prefixes {_SYMBOL_PREFIXES})")
 
 
-def _openblas_config(lib: ctypes.CDLL, prefix: str) -> str | None:
+def _openblas_string(lib: ctypes.CDLL, prefix: str, name: str) -> str | None:
+    """What OpenBLAS's ``openblas_get_<name>`` says (``config``, ``corename``), if it has it."""
     try:
-        fn = getattr(lib, f"{prefix}openblas_get_config")
+        fn = getattr(lib, f"{prefix}openblas_get_{name}")
     except AttributeError:
         return None
     fn.restype = ctypes.c_char_p
     fn.argtypes = []
     raw = fn()
     return raw.decode(errors="replace").strip() if raw else None
+
+
+def _core_source(core: str | None) -> str:
+    """`` (core X, named by OPENBLAS_CORETYPE)`` when the environment chose OpenBLAS's kernels."""
+    named = os.environ.get(CORETYPE_ENV_VAR, "").strip()
+    return f" (core {core or named}, named by {CORETYPE_ENV_VAR})" if named else ""
 
 
 def _compile_shim() -> Path:
@@ -264,14 +281,16 @@ def ensure_fast_blas() -> BlasStatus:
         try:
             openblas, library, prefix = _load_openblas()
             shim = _install_shim(openblas, prefix)
+            core = _openblas_string(openblas, prefix, "corename")
             _status = BlasStatus(
                 True,
                 library,
-                "MLX CPU GEMMs forwarded to OpenBLAS",
+                "MLX CPU GEMMs forwarded to OpenBLAS" + _core_source(core),
                 shim,
-                _openblas_config(openblas, prefix),
+                _openblas_string(openblas, prefix, "config"),
                 _gemv_on,
                 _skinny_on,
+                core,
             )
         except Exception as exc:  # never break `import nexus_mlx` over a speed-up
             reason = f"no optimized BLAS for MLX ({exc}); MLX CPU matmul will be slow"
