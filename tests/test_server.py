@@ -768,6 +768,25 @@ def test_the_pool_reuses_the_longest_prefix_and_keeps_to_its_budget(tiny):
     assert pool.stats()["sessions"] == 0 and pool.evicted == 2
 
 
+def test_kv_held_elsewhere_counts_in_the_pool_s_budget(tiny):
+    model, tokenizer = tiny
+    rng = np.random.default_rng(3)
+    elsewhere = [0]
+    pool = SessionPool(lambda: Session(model, tokenizer), max_sessions=3, cache_budget=1 << 30,
+                       held_elsewhere=lambda: elsewhere[0])
+    for n in (30, 40):
+        entry = pool.acquire(rng.integers(10, 40000, n))
+        assert entry is not None
+        entry.session.step_ids(rng.integers(10, 40000, n))
+        pool.release(entry)
+    sizes = sorted((e.last_used, e.nbytes) for e in pool.entries)
+    assert pool.stats()["cache_bytes_elsewhere"] == 0 and len(sizes) == 2
+    elsewhere[0] = pool.cache_budget - sizes[1][1]  # room for the newer session alone
+    pool.fit()
+    assert [e.nbytes for e in pool.entries] == [sizes[1][1]] and pool.evicted == 1
+    assert pool.stats()["cache_bytes_elsewhere"] == elsewhere[0]
+
+
 def test_conversations_sharing_a_prefix_get_their_own_sessions_seeded_with_it(tiny):
     model, tokenizer = tiny
     rng = np.random.default_rng(1)

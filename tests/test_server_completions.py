@@ -309,6 +309,27 @@ def test_an_idle_server_forgets_its_scored_prompt(default_model):
         assert again == pytest.approx(first, abs=1e-6)
 
 
+def test_the_scorer_s_kv_counts_in_the_cache_budget(default_model):
+    """The scorer's kept prompt is K/V like a session's: /health counts it beside the sessions',
+    and a prompt that alone passes the budget is not kept (the next scoring computes anew)."""
+    ask = dict(model="tiny", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    with running(_tiny_llama(), default_model[1], model_name="tiny") as roomy:
+        client(roomy).completions.create(**ask)
+        kept = healthy(roomy)
+        assert kept["cache_bytes_elsewhere"] > 0
+        client(roomy).completions.create(**ask)
+        assert healthy(roomy)["scored_rows_computed"] == kept["scored_rows_computed"]
+    with running(_tiny_llama(), default_model[1], model_name="tiny",
+                 cache_budget_mib=0) as tight:
+        c = client(tight)
+        first = c.completions.create(**ask).choices[0].logprobs.token_logprobs
+        computed = healthy(tight)["scored_rows_computed"]
+        assert healthy(tight)["cache_bytes_elsewhere"] == 0
+        again = c.completions.create(**ask).choices[0].logprobs.token_logprobs
+        assert healthy(tight)["scored_rows_computed"] == 2 * computed
+        assert again == pytest.approx(first, abs=1e-6)
+
+
 def test_a_batch_with_one_bad_prompt_is_refused_whole_naming_it(server):
     status, answer = http(server, "/v1/completions",
                           {"model": "tiny", "prompt": [PROMPT, "x " * 3000], "max_tokens": 2})

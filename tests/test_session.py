@@ -19,7 +19,7 @@ import nexus_mlx.agent.session as session_module
 import nexus_mlx.agent.session_decode as decode_module
 from nexus_mlx.agent.session import DEFAULT_GUARD, Session
 from nexus_mlx.agent.session_report import token_logprob
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, ModelMismatchError
 from nexus_mlx.metrics import next_token_kl
 from nexus_mlx.models.forward import forward, make_cache
 
@@ -554,3 +554,33 @@ def test_a_tampered_session_file_is_refused_naming_the_field(model, tmp_path, ta
     mx.save_safetensors(str(path), arrays, metadata={"nexus": json.dumps(meta)})
     with pytest.raises(FormatError, match=match):
         load_session(model, None, path)
+
+
+def test_a_session_seeded_from_a_bare_cache_continues_as_a_fresh_prefill(model):
+    """``copy_prefix`` from a cache of exact rows (a prompt scorer's): the next step computes
+    only what follows the copied rows and its logits equal a fresh prefill's."""
+    donor = make_cache(model)
+    forward(model, HISTORY[:120], donor, logits="last")
+    s = Session(model, None)
+    s.copy_prefix(donor, 100)
+    assert s.cache.n_past == 100 and s.stale_rows == 0 and donor.n_past == 120
+    report = s.step_ids(HISTORY[:150])
+    assert (report.path, report.reused, report.computed) == ("append", 100, 50)
+    got = np.array(s.next_token_logits())
+    assert np.abs(got - _fresh_logits(model, HISTORY[:150])).max() < TOL
+
+
+def test_copy_prefix_refuses_another_model_s_cache_or_rows_it_lacks(model):
+    s = Session(model, None)
+    s.step_ids(HISTORY[:40])
+    state = live_snapshot(s.cache)
+    other = make_cache(tiny_model("qwen2"))
+    forward(tiny_model("qwen2"), HISTORY[:20], other, logits="last")
+    with pytest.raises(ModelMismatchError):
+        s.copy_prefix(other, 10)
+    donor = make_cache(model)
+    forward(model, HISTORY[:20], donor, logits="last")
+    for rows in (-1, 21, True, 2.0):
+        with pytest.raises(ArgumentError, match="rows must be an integer in"):
+            s.copy_prefix(donor, rows)
+    assert live_snapshot(s.cache) == state

@@ -16,7 +16,8 @@ one after another, the same prompt for each of ``n`` choices) reuses the scores 
 inside the prefix and computes only the rows from the prefix's last one on. The scores equal
 a fresh scoring's up to float32 rounding. Its :attr:`~PromptScorer.cache` (and
 :meth:`~PromptScorer.rows_for`) lets a session that goes on to continue the prompt start from
-those rows instead of computing them again. Not thread-safe (the server scores on its MLX
+those rows instead of computing them again; :attr:`~PromptScorer.nbytes` is what that K/V takes
+(an int another thread may read, for a memory budget). Not thread-safe (the server scores on its MLX
 thread). It knows nothing about sessions, requests or HTTP.
 """
 
@@ -64,6 +65,7 @@ class PromptScorer:
         self._cache: NexusCache | None = None  # its rows but the last
         self._scores: list[TokenLogprob] = []
         self.reused = self.computed = 0  # rows, over every call
+        self.nbytes = 0  # bytes of the kept K/V (set after each call)
 
     def score(self, ids: Sequence[int] | np.ndarray, top: int) -> list[TokenLogprob]:
         """:func:`prompt_logprobs` of ``ids`` with ``top`` alternatives per id."""
@@ -84,11 +86,13 @@ class PromptScorer:
                                                self.vocab_size)
         self._ids, self._top, self._cache, self._scores = arr, top, cache, scores
         self.reused, self.computed = self.reused + keep, self.computed + arr.size - 1 - keep
+        self.nbytes = int(cache.nbytes)
         return list(scores)
 
     def forget(self) -> None:
         """Drop the last prompt (its K/V and scores); the counters stay."""
         self._ids, self._top, self._cache, self._scores = np.zeros(0, np.int64), -1, None, []
+        self.nbytes = 0
 
     @property
     def cache(self) -> NexusCache | None:

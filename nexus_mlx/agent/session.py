@@ -77,6 +77,7 @@ from nexus_mlx.decode.call_format import (
     ParsedTurn,
     checked_calls,
     grounded_calls,
+    has_tool_turns,
     normalized_messages,
     renders_tools,
     textual_messages,
@@ -193,21 +194,24 @@ class Session:
             self.editor = CacheEditor(self.model, self.tokenizer, self.allocator,
                                       self.certified_head)
 
-    def copy_prefix(self, source: Session, rows: int) -> None:
-        """Hold a copy of ``source``'s first ``rows`` rows (K/V, ids, stale flags; the same
-        model) in place of this session's cache: a conversation that shares them starts there
-        instead of from nothing. No logits are copied: the next step computes at least its
-        last row."""
-        if source.model is not self.model:
+    def copy_prefix(self, source: Session | NexusCache, rows: int) -> None:
+        """Start from a copy of ``source``'s first ``rows`` rows instead of from nothing: another
+        session's over the same model (K/V, ids, stale flags) or a cache of exact rows this model
+        computed from position 0 (a prompt scorer's). No logits are copied: the next step
+        computes at least its last row."""
+        session = source if isinstance(source, Session) else None
+        if session is not None and session.model is not self.model:
             raise ArgumentError("copy_prefix needs a session of the same loaded model")
-        held = source.cache.n_past
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= held:
-            raise ArgumentError(f"rows must be an integer in [0, {held}], got {rows!r}")
-        with source.lock:
-            cache, flags = source.cache.fork(0, rows), source.editor.flags()[:rows]
+        cache = source.cache if isinstance(source, Session) else source
+        cache.check_compatible(self.cache.rope_specs, self.cache.n_kv_heads, self.cache.head_dim)
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= cache.n_past:
+            raise ArgumentError(f"rows must be an integer in [0, {cache.n_past}], got {rows!r}")
+        with session.lock if session is not None else contextlib.nullcontext():
+            copy = cache.fork(0, rows)
+            flags = session.editor.flags()[:rows] if session else np.zeros(rows, bool)
         with self.lock:
             self.reset()
-            self.cache = cache
+            self.cache = copy
             self.editor.set_flags(flags)
 
     # ---- rendering ----------------------------------------------------------------------
@@ -223,11 +227,11 @@ class Session:
         msgs = normalized_messages(messages)
         tools = [dict(t) for t in tools or ()]
         try:
-            if self.native_tools and (tools or _has_tool_turns(msgs)):
+            if self.native_tools and (tools or has_tool_turns(msgs)):
                 ids = self.tokenizer.apply_chat_template(
                     msgs, tools=tools or None, add_generation_prompt=True, tokenize=True)
                 return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-            if tools or _has_tool_turns(msgs):
+            if tools or has_tool_turns(msgs):
                 msgs = textual_messages(msgs, tools)
             return chat_ids(self.tokenizer, msgs)
         except ArgumentError:
@@ -494,7 +498,3 @@ class Session:
                             tuple(stop), sampler or greedy, tuple(logits_processors), on_token,
                             logprobs, on_logprob, None)
         return replace(reply, content=reply.text)
-
-
-def _has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
-    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)

@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=5.0, metavar="PCT",
                    help="repair budget: percent of a reused block's rows recomputed")
     p.add_argument("--cache-budget", type=int, default=2048, metavar="MIB",
-                   help="KV cache the live sessions may hold in all, in MiB (least recently "
-                   "used dropped first)")
+                   help="KV cache the live sessions (and the completions scorer's last "
+                   "prompt) may hold in all, in MiB (least recently used dropped first)")
     p.add_argument("--max-sessions", type=int, default=8,
                    help="live sessions (cached conversations) at most")
     p.add_argument("--max-tokens", type=int, default=512,

@@ -21,7 +21,8 @@ Contract:
 - :func:`cut_at_stop` cuts a text at its first stop string; with ``calls``, one written inside
   a call (or a trailing opener's start) does not count: stop strings end prose, never a call.
 - :func:`tools_system_prompt` renders tools for a chat template that ignores them, teaching the
-  same format; :func:`textual_messages` renders a conversation's calls and results for it.
+  same format; :func:`textual_messages` renders a conversation's calls and results for it;
+  :func:`has_tool_turns` says whether a conversation holds any.
 
 It does not run the model or constrain decoding.
 """
@@ -248,6 +249,11 @@ def normalized_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
             m["tool_calls"] = [_normalized_call(c) for c in m["tool_calls"]]
         out.append(m)
     return out
+
+
+def has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a conversation holds a tool result or an assistant turn that called tools."""
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 
 
 def _normalized_call(call: Any) -> dict[str, Any]:

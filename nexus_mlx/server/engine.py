@@ -44,7 +44,8 @@ definitions are new to its session. Both calls block and are meant for worker th
   generation stops at the next token; the session keeps what it cached and goes back to the
   pool). A raw prompt asked to be scored (``score_prompt``: ``echo`` with ``logprobs``) is
   scored first by the engine's :class:`~nexus_mlx.agent.prompt_scoring.PromptScorer`, which
-  reuses the last scored prompt's common prefix (rows counted in ``stats()``), its entries
+  reuses the last scored prompt's common prefix (rows counted in ``stats()``; the K/V it keeps
+  counts in ``cache_budget`` beside the sessions', and is dropped when it alone passes it), its entries
   handed to ``on_logprob`` marked ``"prompt"``; with ``max_tokens`` 0 that is all: no session
   is taken and nothing is generated.
 
@@ -145,13 +146,14 @@ class Engine:
         self.context = self._renderer.max_positions
         self._vocab_size = model_plan(model).vocab_size  # the logits' width
         run_on_mlx_thread(lambda: CertifiedHead.of(model))  # built now, not in a first reply
+        self._scorer: PromptScorer | None = None  # raw prompts' scores (made on first use)
         self.pool = SessionPool(self._new_session, max_sessions=max_sessions,
-                                cache_budget=cache_budget, run=run_on_mlx_thread)
+                                cache_budget=cache_budget, run=run_on_mlx_thread,
+                                held_elsewhere=lambda: self._scorer.nbytes if self._scorer else 0)
         self._lock = threading.Lock()
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0
         self.healed_rows = self.heal_failures = 0
-        self._scorer: PromptScorer | None = None  # raw prompts' scores (made on first use)
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
@@ -277,6 +279,9 @@ class Engine:
         try:
             scored = (run_on_mlx_thread(self._scored_prompt, prepared, on_logprob) if score
                       else None)
+            if score:
+                run_on_mlx_thread(self._bound_scorer)
+                self.pool.fit()
         except BaseException:
             with self._lock:
                 self.failed += 1
@@ -341,6 +346,7 @@ class Engine:
         if r.prompt is not None:  # a raw completion: the ids as they are
             if scored is not None:
                 self._seed_from_scorer(session, prepared.ids)
+                self._bound_scorer()
             reply = session.complete(prepared.ids, **options)
         else:
             reply = session.generate(
@@ -356,11 +362,14 @@ class Engine:
         if scorer is None or scorer.cache is None:
             return
         rows = scorer.rows_for(ids)
-        if rows <= common_prefix(session.tokens, ids):
-            return
-        donor = self._new_session()  # holds the scorer's cache only to lend its rows
-        donor.cache = scorer.cache
-        session.copy_prefix(donor, rows)
+        if rows > common_prefix(session.tokens, ids):
+            session.copy_prefix(scorer.cache, rows)
+
+    def _bound_scorer(self) -> None:
+        """Drop the scorer's kept prompt when it alone passes the cache budget (its bytes count
+        in the budget beside the sessions'; MLX thread)."""
+        if self._scorer is not None and self._scorer.nbytes > self.pool.cache_budget:
+            self._scorer.forget()
 
     def _scored_prompt(self, prepared: Prepared,
                        on_logprob: Callable[[dict[str, Any]], None] | None

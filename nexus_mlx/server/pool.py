@@ -1,6 +1,6 @@
 """A pool of live sessions over one loaded model: which cached conversation serves a request.
 
-Contract: ``SessionPool(factory, max_sessions=..., cache_budget=...)``; ``acquire(ids)`` hands out
+Contract: ``SessionPool(factory, max_sessions=..., cache_budget=..., held_elsewhere=...)``; ``acquire(ids)`` hands out
 an idle session for a request rendered to ``ids`` and marks it busy (one holder at a time: each
 session is its own lock), ``release(entry)`` records what its cache now holds and frees it.
 
@@ -22,9 +22,11 @@ while it is made. A request that goes on with a busy session's conversation wait
 rather than taking another session; when every session is busy and none may be made,
 ``acquire`` waits too (checking ``cancelled`` every tenth of a second; None when it fires).
 
-Budget: after each release the bytes of all caches (:attr:`NexusCache.nbytes`) are summed and
-idle sessions are dropped, least recently used first, until the total fits ``cache_budget`` (a
-session larger than the budget alone is dropped too). Busy sessions are never dropped.
+Budget: after each release (and at ``fit()``) the bytes of all caches (:attr:`NexusCache.nbytes`)
+are summed, with ``held_elsewhere()``'s (K/V the caller keeps outside the pool: a server's prompt
+scorer), and idle sessions are dropped, least recently used first, until the total fits
+``cache_budget`` (a session larger than the budget alone is dropped too). Busy sessions are never
+dropped.
 
 It knows nothing about HTTP, requests or generation; ``factory`` builds sessions and ``run(fn)``
 runs that MLX work (building, seeding) where the caller's MLX work runs (a server: its MLX
@@ -103,14 +105,15 @@ class SessionPool:
 
     def __init__(self, factory: Callable[[], Session], *, max_sessions: int = 8,
                  cache_budget: int = 2 << 30,
-                 run: Callable[[Callable[[], Session]], Session] = lambda build: build()
-                 ) -> None:
+                 run: Callable[[Callable[[], Session]], Session] = lambda build: build(),
+                 held_elsewhere: Callable[[], int] = lambda: 0) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ArgumentError(f"max_sessions must be a positive integer, got {max_sessions!r}")
         if isinstance(cache_budget, bool) or not isinstance(cache_budget, int) or cache_budget < 0:
             raise ArgumentError(f"cache_budget must be a byte count >= 0, got {cache_budget!r}")
         self.factory, self.max_sessions, self.cache_budget = factory, max_sessions, cache_budget
         self.run = run  # runs the MLX work of building (and seeding) a session
+        self.held_elsewhere = held_elsewhere  # K/V bytes outside the pool, in the budget
         self.entries: list[PooledSession] = []
         self.evicted = 0
         self._reserved = 0  # sessions being built outside the lock
@@ -208,8 +211,13 @@ class SessionPool:
             self._evict()
             self._cond.notify_all()
 
+    def fit(self) -> None:
+        """Drop idle sessions until the caches fit the budget (after K/V held elsewhere grew)."""
+        with self._cond:
+            self._evict()
+
     def _evict(self) -> None:
-        total = sum(e.nbytes for e in self.entries)
+        total = sum(e.nbytes for e in self.entries) + self.held_elsewhere()
         for entry in sorted(self.entries, key=lambda e: e.last_used):
             if total <= self.cache_budget:
                 break
@@ -228,6 +236,7 @@ class SessionPool:
                 "max_sessions": self.max_sessions,
                 "cache_bytes": sum(e.nbytes for e in self.entries),
                 "cache_budget_bytes": self.cache_budget,
+                "cache_bytes_elsewhere": self.held_elsewhere(),
                 "cached_tokens": sum(int(e.tokens.size) for e in self.entries),
                 "evicted": self.evicted,
             }
