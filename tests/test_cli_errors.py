@@ -87,6 +87,9 @@ HOSTILE = {  # id: (argv with {tmp} for the work folder, a fragment the one erro
     "serve-bad-idle-release": (["serve", "--model", NOPE, "--port", "0", "--idle-release", "-5"],
                                "--idle-release must be a number of seconds >= 0 or 'off', got "
                                "'-5'"),
+    "serve-session-dir-is-a-file": (["serve", "--model", NOPE, "--port", "0", "--session-dir",
+                                     "{tmp}/a_file"], "--session-dir '{tmp}/a_file' is an existing "
+                                    "file"),
 }
 
 

@@ -976,3 +976,33 @@ def test_the_serve_command_prints_its_url_and_stops_on_ctrl_c(default_model, sig
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_keeps_its_sessions_in_a_session_dir_across_a_restart(default_model, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "nexus_mlx.cli", "serve", "--port", "0", "--session-dir",
+            str(tmp_path)]
+    body = json.dumps({"model": "default", "max_tokens": 3, "messages": [
+        {"role": "user", "content": "Say hello."}]}).encode()
+    errs = []
+    for _ in range(2):
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() else "")
+            url = line.split(" at ")[1].split()[0]
+            request = urllib.request.Request(url + "/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                assert json.loads(response.read())["choices"]
+            proc.send_signal(signal.SIGTERM)
+            errs.append(proc.communicate(timeout=60)[1])
+            assert proc.returncode == 0, errs[-1][-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "restored 0 session(s)" in errs[0] and "saved 1 session(s)" in errs[0], errs[0]
+    assert "restored 1 session(s)" in errs[1] and "saved 1 session(s)" in errs[1], errs[1]
+    assert [p.name for p in tmp_path.iterdir()] == ["session-000.safetensors"]

@@ -540,6 +540,7 @@ def test_a_failed_decode_step_leaves_the_session_as_it_was(model, monkeypatch):
     (lambda a, m: m["settings"].update(turbo=True), "unknown keys"),
     (lambda a, m: m["settings"].update(budget=-5), "settings is invalid"),
     (lambda a, m: a.update(next_logits=a["next_logits"][:-1]), "next_logits"),
+    (lambda a, m: m.update(annotations=[1]), "annotations"),
 ])
 def test_a_tampered_session_file_is_refused_naming_the_field(model, tmp_path, tamper, match):
     from nexus_mlx.agent.session_file import load_session, save_session
@@ -554,6 +555,21 @@ def test_a_tampered_session_file_is_refused_naming_the_field(model, tmp_path, ta
     mx.save_safetensors(str(path), arrays, metadata={"nexus": json.dumps(meta)})
     with pytest.raises(FormatError, match=match):
         load_session(model, None, path)
+
+
+def test_annotations_are_kept_beside_a_saved_session_and_must_be_json(model, tmp_path):
+    from nexus_mlx.agent.session_file import read_session, save_session
+
+    s = Session(model, None)
+    s.step_ids(HISTORY[:20])
+    path = save_session(s, tmp_path / "s.safetensors", {"prompt": 17, "label": "a"})
+    saved = read_session(model, None, path)
+    assert saved.annotations == {"prompt": 17, "label": "a"}
+    assert list(saved.session.tokens) == list(HISTORY[:20])
+    assert read_session(model, None, save_session(s, tmp_path / "t")).annotations == {}
+    with pytest.raises(TypeError):
+        save_session(s, tmp_path / "u", {"prompt": object()})
+    assert not (tmp_path / "u").exists()
 
 
 def test_a_session_seeded_from_a_bare_cache_continues_as_a_fresh_prefill(model):

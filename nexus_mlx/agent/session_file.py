@@ -5,10 +5,14 @@ layer, the token ids, the per-row stale flags, the next-token logits) with JSON 
 version, the model's fingerprint, a digest of the chat template, dtype, V layout and the
 session's settings). The file is written to a temporary name beside ``path`` and renamed into
 place, so a crash never leaves a half-written session under ``path``; ``path`` keeps the name it
-is given, whatever its suffix. ``load_session(model, tokenizer, path)`` refuses, before building
+is given, whatever its suffix; ``annotations`` (a JSON object: what the caller wants back with
+the session, such as a server pool's bookkeeping) are stored beside it. ``load_session(model,
+tokenizer, path)`` refuses, before building
 anything, a file that is not a session of this version (:class:`FormatError`, naming the field),
 or one made for another model, template or dtype (:class:`ModelMismatchError`, listing every
 difference). A loaded session continues exactly where the saved one stopped.
+``read_session`` does the same and returns a :class:`SavedSession`: the session and its
+annotations.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,9 +59,17 @@ def _identity(session: Session) -> dict[str, Any]:
     }
 
 
-def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
-    """Write ``session`` to ``path`` atomically; returns the path."""
+@dataclass(frozen=True)
+class SavedSession:
+    session: Session
+    annotations: dict[str, Any]  # what the saver stored beside it ({} when nothing)
+
+
+def save_session(session: Session, path: str | os.PathLike[str],
+                 annotations: Mapping[str, Any] | None = None) -> Path:
+    """Write ``session`` (and ``annotations``) to ``path`` atomically; returns the path."""
     target = Path(path)
+    notes = json.loads(json.dumps(dict(annotations or {})))  # JSON now, or a TypeError now
     with session.lock:
         cache = session.cache
         n = cache.n_past
@@ -69,7 +83,8 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
             arrays[f"k.{layer}"] = cache.keys(layer)
             arrays[f"v.{layer}"] = cache.values(layer)
         meta = {"format": FORMAT, "version": VERSION, "n_past": n, **_identity(session),
-                "settings": {name: getattr(session, name) for name in sorted(SETTINGS)}}
+                "settings": {name: getattr(session, name) for name in sorted(SETTINGS)},
+                "annotations": notes}
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".partial.safetensors",
                                    dir=target.parent)
@@ -135,6 +150,11 @@ def _check_arrays(path: Path, arrays: dict[str, mx.array], meta: dict[str, Any],
 
 def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str]) -> Session:
     """The session saved at ``path``, for ``model`` and ``tokenizer`` (see the module docstring)."""
+    return read_session(model, tokenizer, path).session
+
+
+def read_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str]) -> SavedSession:
+    """:func:`load_session` with the annotations saved beside the session."""
     source = Path(path)
     arrays, meta = _read(source)
     settings = meta.get("settings")
@@ -164,4 +184,7 @@ def load_session(model: nn.Module, tokenizer: Any, path: str | os.PathLike[str])
         session.editor.logits = arrays["next_logits"]
     session.cache = cache
     session.editor.set_flags(np.array(arrays["stale"]).astype(bool))
-    return session
+    notes = meta.get("annotations", {})
+    if not isinstance(notes, dict):
+        raise FormatError(f"{source}: field annotations is not an object")
+    return SavedSession(session, notes)

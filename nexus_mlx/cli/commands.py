@@ -311,6 +311,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stored = checks.non_negative_int(args.max_stored_responses, "--max-stored-responses")
     trim_heap_s = checks.seconds_or_off(args.trim_heap, "--trim-heap")
     idle_release_s = checks.seconds_or_off(args.idle_release, "--idle-release")
+    session_dir = (checks.output_directory(args.session_dir, "--session-dir")
+                   if args.session_dir is not None else None)
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)
@@ -319,10 +321,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_sessions=max_sessions, max_tokens=max_tokens,
                         heal_after_reply=args.heal_after_reply, guard=guard,
                         draft_tokens=draft_tokens, max_stored_responses=stored,
-                        trim_heap_s=trim_heap_s, idle_release_s=idle_release_s)
+                        trim_heap_s=trim_heap_s, idle_release_s=idle_release_s,
+                        session_dir=session_dir)
     except BaseException:
         sock.close()
         raise
+    if session_dir is not None:
+        restored = server.engine.restored
+        print(f"restored {restored.sessions} session(s), {restored.rows} cached tokens, from "
+              f"{session_dir}" + (f"; {len(restored.refused)} file(s) refused (see the log)"
+                                  if restored.refused else ""), file=sys.stderr, flush=True)
     signalled = False
     try:
         with StopSignals() as stop:  # before the URL is printed: no signal can slip past
@@ -336,6 +344,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if signalled:
             print("nexus-mlx: stopping the server", file=sys.stderr, flush=True)
         server.stop()
+        if session_dir is not None:
+            saved = server.engine.saved
+            print(f"saved {saved.sessions} session(s), {saved.rows} cached tokens, to "
+                  f"{session_dir}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -45,9 +45,11 @@ definitions are new to its session. Both calls block and are meant for worker th
   pool). A raw prompt asked to be scored (``score_prompt``: ``echo`` with ``logprobs``) is
   scored first by the engine's :class:`~nexus_mlx.agent.prompt_scoring.PromptScorer`, which
   reuses the last scored prompt's common prefix (rows counted in ``stats()``; the K/V it keeps
-  counts in ``cache_budget`` beside the sessions', and is dropped when it alone passes it), its entries
-  handed to ``on_logprob`` marked ``"prompt"``; with ``max_tokens`` 0 that is all: no session
-  is taken and nothing is generated.
+  counts in ``cache_budget`` beside the sessions', and is dropped when it alone passes it), its
+  entries handed to ``on_logprob`` marked ``"prompt"``; with ``max_tokens`` 0 that is all: no
+  session is taken and nothing is generated.
+- ``save_sessions(directory)`` / ``restore_sessions(directory)`` keep the pool's sessions across
+  restarts (:mod:`.session_store`; restored sessions and refused files counted in ``stats()``).
 
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
@@ -64,6 +66,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -95,6 +98,7 @@ from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.responses import Completion, logprob_entry
 from nexus_mlx.server.sampling import make_logits_processors, make_sampler
+from nexus_mlx.server.session_store import StoreReport, restore_pool, save_pool
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TRIM_HEAP_S = 10.0
@@ -154,6 +158,7 @@ class Engine:
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0
         self.healed_rows = self.heal_failures = 0
+        self.restored, self.saved = StoreReport(), StoreReport()  # sessions from / to disk
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
@@ -404,6 +409,17 @@ class Engine:
                 self.trimmer.trim()
         run_on_mlx_thread(release)
 
+    def restore_sessions(self, directory: Path) -> StoreReport:
+        """Adopt the sessions an earlier server saved in ``directory`` (:mod:`.session_store`)."""
+        self.restored = run_on_mlx_thread(restore_pool, self.pool, directory, self.model,
+                                          self.tokenizer, self._new_session)
+        return self.restored
+
+    def save_sessions(self, directory: Path) -> StoreReport:
+        """Save the idle sessions to ``directory`` for the next server (:mod:`.session_store`)."""
+        self.saved = run_on_mlx_thread(save_pool, self.pool, directory)
+        return self.saved
+
     def close(self) -> None:
         """Stop watching for idle periods (a server's stop)."""
         if self.idle is not None:
@@ -421,7 +437,10 @@ class Engine:
                       "heal_failures": self.heal_failures}
         scorer = self._scorer
         counts.update(scored_rows_reused=scorer.reused if scorer else 0,
-                      scored_rows_computed=scorer.computed if scorer else 0)
+                      scored_rows_computed=scorer.computed if scorer else 0,
+                      sessions_restored=self.restored.sessions,
+                      session_rows_restored=self.restored.rows,
+                      session_files_refused=len(self.restored.refused))
         trims = self.trimmer.stats() if self.trimmer is not None else {}
         trims.update(self.idle.stats() if self.idle is not None else {})
         memory = {"mlx_active_bytes": mx.get_active_memory(),

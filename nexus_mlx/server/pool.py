@@ -1,8 +1,11 @@
 """A pool of live sessions over one loaded model: which cached conversation serves a request.
 
-Contract: ``SessionPool(factory, max_sessions=..., cache_budget=..., held_elsewhere=...)``; ``acquire(ids)`` hands out
-an idle session for a request rendered to ``ids`` and marks it busy (one holder at a time: each
-session is its own lock), ``release(entry)`` records what its cache now holds and frees it.
+Contract: ``SessionPool(factory, max_sessions=..., cache_budget=..., held_elsewhere=...)``;
+``acquire(ids)`` hands out an idle session for a request rendered to ``ids`` and marks it busy
+(one holder at a time: each session is its own lock), ``release(entry)`` records what its cache
+now holds and frees it. ``adopt(session)`` adds a session built elsewhere (one restored from
+disk) as the most recently used idle one; ``idle()`` lists the idle entries, most recently used
+first.
 
 Choice (clients resend the whole conversation, so the conversation is recognised by its tokens):
 for every idle session the pool counts the rows a step to ``ids`` would keep — the common prefix,
@@ -210,6 +213,30 @@ class SessionPool:
             entry.requests += 1
             self._evict()
             self._cond.notify_all()
+
+    def adopt(self, session: Session, prompt: int | None = None) -> PooledSession:
+        """Add ``session`` as an idle entry (the most recently used) whose last request was
+        ``prompt`` ids long (None: all it holds, so only an append or an edit continues in it;
+        anything else branches off with a copy). Past ``max_sessions`` or the budget, the
+        least recently used idle ones are dropped."""
+        tokens, nbytes = session.tokens, int(session.cache.nbytes)
+        prompt = int(tokens.size) if prompt is None else min(max(int(prompt), 0), tokens.size)
+        with self._cond:
+            entry = PooledSession(session, next(self._ids), tokens, nbytes,
+                                  last_used=next(self._clock), prompt=prompt)
+            self.entries.append(entry)
+            idle = sorted((e for e in self.entries if not e.busy), key=lambda e: e.last_used)
+            for old in idle[: max(len(self.entries) - self.max_sessions, 0)]:
+                self.entries.remove(old)
+                self.evicted += 1
+            self._evict()
+            self._cond.notify_all()
+            return entry
+
+    def idle(self) -> list[PooledSession]:
+        """The idle entries, most recently used first."""
+        with self._cond:
+            return sorted((e for e in self.entries if not e.busy), key=lambda e: -e.last_used)
 
     def fit(self) -> None:
         """Drop idle sessions until the caches fit the budget (after K/V held elsewhere grew)."""

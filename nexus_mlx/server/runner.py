@@ -6,7 +6,9 @@ builds the engine and the app (:mod:`.engine`, :mod:`.app`) over an already load
 in a daemon thread and returns once it accepts connections; :attr:`url` / :attr:`base_url`
 (``.../v1``, what an OpenAI client takes) name it. ``stop()`` cancels in-flight generations (each
 stops at its next token), asks uvicorn to finish (open streams get ``shutdown_grace_s``) and
-waits for its thread; it is idempotent and the object is a context manager. ``wait()`` blocks
+waits for its thread; it is idempotent and the object is a context manager. With
+``session_dir``, the sessions an earlier server saved there are restored before it serves, and
+``stop()`` saves the idle sessions there once the requests are done (:mod:`.session_store`). ``wait()`` blocks
 until the server ends (Ctrl-C raises ``KeyboardInterrupt`` in the caller, who stops it; the
 command line waits with :class:`nexus_mlx.cli.signals.StopSignals` instead, which cannot miss
 a signal delivered to another thread).
@@ -18,6 +20,7 @@ the address. It knows nothing about requests.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from nexus_mlx.server.engine import (
     Engine,
 )
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
+from nexus_mlx.server.session_store import checked_directory
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
@@ -72,7 +76,8 @@ class Server:
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  max_stored_responses: int = DEFAULT_MAX_RESPONSES,
                  trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
-                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S) -> None:
+                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S,
+                 session_dir: str | os.PathLike[str] | None = None) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -84,6 +89,9 @@ class Server:
                              heal_after_reply=heal_after_reply, guard=guard,
                              draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
                              idle_release_s=idle_release_s)
+        self.session_dir = None if session_dir is None else checked_directory(session_dir)
+        if self.session_dir is not None:
+            self.engine.restore_sessions(self.session_dir)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
@@ -92,6 +100,7 @@ class Server:
         self._log_level, self._grace = log_level, shutdown_grace_s
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._saved = False  # the sessions went to session_dir (once, at the first stop)
 
     @property
     def port(self) -> int:
@@ -145,6 +154,9 @@ class Server:
         self.engine.cancel_all()  # anything that arrived meanwhile
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.engine.close()
+        if self.session_dir is not None and not self._saved:
+            self._saved = True
+            self.engine.save_sessions(self.session_dir)
         if self._sock is not None:
             self._sock.close()
 

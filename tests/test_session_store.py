@@ -1,0 +1,124 @@
+"""Sessions kept across server restarts (nexus_mlx.server.session_store, ``serve --session-dir``).
+
+Oracles: a conversation resumed on a restarted server reuses the restored rows and gets the
+reply a fresh server gives the same request (greedy); a restored session's cache equals a fresh
+prefill of its ids. Files the server cannot restore are refused with the reason, never break the
+start, and only the server's own file pattern is ever removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_models import VOCAB, tiny_model
+
+openai = pytest.importorskip("openai")
+
+from test_server import _tiny_llama, client, healthy, running  # noqa: E402
+
+from nexus_mlx.agent.session import Session  # noqa: E402
+from nexus_mlx.agent.session_file import save_session  # noqa: E402
+from nexus_mlx.errors import ArgumentError  # noqa: E402
+from nexus_mlx.models.forward import forward, make_cache  # noqa: E402
+from nexus_mlx.server.pool import SessionPool  # noqa: E402
+from nexus_mlx.server.session_store import restore_pool, save_pool  # noqa: E402
+
+FIRST = [{"role": "user", "content": "Name three colours of the rainbow."}]
+MAX_TOKENS = 6
+
+
+def _ask(server, messages):
+    return client(server).chat.completions.create(model="tiny", messages=messages,
+                                                  max_tokens=MAX_TOKENS, temperature=0)
+
+
+def test_a_conversation_resumed_after_a_restart_appends_to_its_restored_cache(
+        default_model, tmp_path):
+    model, tokenizer = _tiny_llama(), default_model[1]
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as first:
+        reply = _ask(first, FIRST).choices[0].message.content
+    assert [p.name for p in tmp_path.iterdir()] == ["session-000.safetensors"]
+    follow = [*FIRST, {"role": "assistant", "content": reply},
+              {"role": "user", "content": "And two more."}]
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as second:
+        health = healthy(second)
+        assert health["sessions_restored"] == 1 and health["session_files_refused"] == 0
+        resumed = _ask(second, follow)
+    with running(model, tokenizer, model_name="tiny") as fresh:
+        alone = _ask(fresh, follow)
+    cached = resumed.usage.prompt_tokens_details.cached_tokens
+    assert cached >= health["session_rows_restored"] - MAX_TOKENS > 0, resumed.usage
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert resumed.choices[0].message.content == alone.choices[0].message.content
+
+
+def test_files_that_cannot_be_restored_are_refused_and_only_the_pattern_is_replaced(
+        default_model, tmp_path):
+    model, tokenizer = _tiny_llama(), default_model[1]
+    other = tiny_model("qwen2")
+    stranger = Session(other, None)
+    stranger.step_ids(np.arange(1, 30) % VOCAB)
+    save_session(stranger, tmp_path / "session-000.safetensors")  # another model's
+    (tmp_path / "session-001.safetensors").write_bytes(b"not a session")  # damaged
+    (tmp_path / "notes.txt").write_text("keep me")
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as server:
+        health = healthy(server)
+        assert health["sessions_restored"] == 0 and health["session_files_refused"] == 2
+        refused = dict(server.engine.restored.refused)
+        assert "another model" in refused["session-000.safetensors"]
+        assert "not a readable safetensors file" in refused["session-001.safetensors"]
+        _ask(server, FIRST)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "session-000.safetensors"]
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as again:
+        assert healthy(again)["sessions_restored"] == 1
+
+
+def test_a_session_dir_that_is_a_file_is_refused_by_name(default_model, tmp_path):
+    file = tmp_path / "taken"
+    file.write_text("x")
+    with pytest.raises(ArgumentError, match="session_dir"):
+        with running(_tiny_llama(), default_model[1], model_name="tiny", session_dir=file):
+            pass
+
+
+def _fresh_logits(model, ids) -> mx.array:
+    return forward(model, ids, make_cache(model), logits="last")[0, -1]
+
+
+def test_restored_sessions_take_the_server_s_policy_and_keep_the_newest(tmp_path: Path):
+    """A repair session saved with stale rows restores exactly under policy exact (healed); past
+    max_sessions the oldest files are not restored; save order is most recently used first."""
+    model = tiny_model("llama")
+    rng = np.random.default_rng(5)
+    source = SessionPool(lambda: Session(model, None, min_reuse=8, allocator="dense_tokens"),
+                         max_sessions=4)
+    texts = [rng.integers(0, VOCAB, n) for n in (60, 50, 40)]
+    for ids in texts:
+        entry = source.acquire(ids)
+        assert entry is not None
+        entry.session.step_ids(ids)
+        source.release(entry)
+    edited = np.r_[texts[2][:10], texts[2][20:]]  # a deleted span: the suffix is repaired
+    entry = source.acquire(edited)
+    assert entry is not None
+    assert entry.session.step_ids(edited).path == "repair" and entry.session.stale_rows
+    source.release(entry)
+    saved = save_pool(source, tmp_path)
+    assert (saved.sessions, saved.rows) == (3, 60 + 50 + 30)
+
+    target = SessionPool(lambda: Session(model, None, policy="exact"), max_sessions=2)
+    report = restore_pool(target, tmp_path, model, None,
+                          lambda: Session(model, None, policy="exact"))
+    assert (report.sessions, report.refused) == (2, [])
+    newest, older = target.idle()
+    assert list(newest.tokens) == list(edited) and list(older.tokens) == list(texts[1])
+    assert newest.session.stale_rows == 0 and newest.session.policy == "exact"
+    assert (newest.prompt, older.prompt) == (edited.size, texts[1].size)  # as before the stop
+    follow = np.r_[edited, 7, 8, 9]
+    step = newest.session.step_ids(follow)
+    assert (step.path, step.reused) == ("append", edited.size)
+    got = newest.session.next_token_logits()
+    assert float(mx.abs(got - _fresh_logits(model, follow)).max()) < 1e-4
