@@ -322,22 +322,34 @@ def server_memory_section(d: dict[str, Any]) -> list[str]:
 def prompt_scoring_section(d: dict[str, Any]) -> list[str]:
     """``prompt_scoring``: multiple-choice continuations of one context scored fresh vs with
     the prefix reused."""
-    def triple(key: str, spec: str) -> str:
-        value = d.get(key)
-        value = value if isinstance(value, list) and len(value) == 3 else [None, None, None]
-        return f"{fmt(value[0], spec)} {fmt_ci(value[1:], spec)}"
-
-    rows = [["fresh", triple("fresh_ms", ".0f"), fmt(get(d, "rows_per_item", "fresh"), ".0f")],
-            ["reuse", triple("reuse_ms", ".0f"), fmt(get(d, "rows_per_item", "reuse"), ".0f")]]
+    rows = [[arm, _median_ci(d.get(f"{arm}_ms"), ".0f"),
+             fmt(get(d, "rows_per_item", arm), ".0f")] for arm in ("fresh", "reuse")]
     return [f"{fmt(d.get('items'))} HotpotQA items, {fmt(d.get('choices'))} choices each "
             f"(context median {fmt(get(d, 'context_tokens', 'median'), '.0f')} tokens, answers "
             f"{fmt(get(d, 'answer_tokens', 'median'), '.0f')}), scored as the completions API "
-            f"scores echo with logprobs. Fresh / reuse: {triple('speedup', '.2f')} (paired); "
+            f"scores echo with logprobs. Fresh / reuse: {_median_ci(d.get('speedup'), '.2f')} "
+            "(paired); "
             f"scores agree within {fmt(d.get('max_abs_diff'), '.1e')}. The model's accuracy "
             f"(summed / mean answer log probability): {fmt(get(d, 'accuracy', 'sum'), '.2f')} / "
             f"{fmt(get(d, 'accuracy', 'mean'), '.2f')} (chance "
             f"{fmt(get(d, 'accuracy', 'chance'), '.2f')}).",
             ""] + table(["arm", "ms per item [95% CI]", "rows computed per item"], rows)
+
+
+def session_restore_section(d: dict[str, Any]) -> list[str]:
+    """``session_restore``: a conversation resumed after a restart, restored vs cold."""
+    rows = [[arm, _median_ci(d.get(f"{arm}_ttft_ms"), ".0f"),
+             fmt(get(d, "cached_tokens", arm), ".0f")] for arm in ("cold", "restored")]
+    mib = d.get("bytes_on_disk")
+    return [f"{fmt(d.get('conversations'))} conversations (a HotpotQA question over its ten "
+            f"paragraphs, answered in {fmt(d.get('answer_tokens'))} tokens), saved by one server "
+            f"at its stop ({fmt(d.get('save_s'), '.2f')} s for {fmt(d.get('files'))} files, "
+            f"{fmt(mib / 2**20 if isinstance(mib, (int, float)) else None, '.0f')} MiB, "
+            f"{fmt(d.get('bytes_per_token'), '.0f')} bytes per cached token), restored by the "
+            f"next at its start ({fmt(d.get('restore_s'), '.2f')} s, "
+            f"{fmt(d.get('rows_restored'))} rows). The follow-up's TTFT, cold / restored: "
+            f"{_median_ci(d.get('speedup'), '.2f')} (paired); the same replies in both.",
+            ""] + table(["server", "follow-up TTFT ms [95% CI]", "cached tokens"], rows)
 
 
 def server_completions_section(d: dict[str, Any]) -> list[str]:

@@ -122,3 +122,28 @@ def test_restored_sessions_take_the_server_s_policy_and_keep_the_newest(tmp_path
     assert (step.path, step.reused) == ("append", edited.size)
     got = newest.session.next_token_logits()
     assert float(mx.abs(got - _fresh_logits(model, follow)).max()) < 1e-4
+
+
+def test_a_session_that_cannot_be_written_is_reported_and_the_others_are_saved(
+        tmp_path: Path, monkeypatch):
+    import nexus_mlx.server.session_store as store
+
+    model = tiny_model("llama")
+    pool = SessionPool(lambda: Session(model, None), max_sessions=3)
+    for ids in (np.arange(1, 40) % VOCAB, np.arange(50, 70) % VOCAB):
+        entry = pool.acquire(ids)
+        assert entry is not None
+        entry.session.step_ids(ids)
+        pool.release(entry)
+    real = store.save_session
+
+    def full_disk(session, path, annotations=None):
+        if session.cache.n_past == 20:
+            raise OSError(28, "No space left on device")
+        return real(session, path, annotations)
+
+    monkeypatch.setattr(store, "save_session", full_disk)
+    report = save_pool(pool, tmp_path)
+    assert (report.sessions, report.rows) == (1, 39)
+    assert report.refused == [("session-000.safetensors", "not saved: No space left on device")]
+    assert [p.name for p in tmp_path.iterdir()] == ["session-000.safetensors"]

@@ -6,9 +6,9 @@ builds the engine and the app (:mod:`.engine`, :mod:`.app`) over an already load
 in a daemon thread and returns once it accepts connections; :attr:`url` / :attr:`base_url`
 (``.../v1``, what an OpenAI client takes) name it. ``stop()`` cancels in-flight generations (each
 stops at its next token), asks uvicorn to finish (open streams get ``shutdown_grace_s``) and
-waits for its thread; it is idempotent and the object is a context manager. With
-``session_dir``, the sessions an earlier server saved there are restored before it serves, and
-``stop()`` saves the idle sessions there once the requests are done (:mod:`.session_store`). ``wait()`` blocks
+waits for its thread; it is idempotent and the object is a context manager. With ``session_dir``,
+the sessions an earlier server saved there are restored before it serves, and ``stop()`` saves the
+idle sessions there once the requests are done (:mod:`.session_store`). ``wait()`` blocks
 until the server ends (Ctrl-C raises ``KeyboardInterrupt`` in the caller, who stops it; the
 command line waits with :class:`nexus_mlx.cli.signals.StopSignals` instead, which cannot miss
 a signal delivered to another thread).

@@ -3,11 +3,11 @@
 Contract: :func:`save_pool` writes every idle, non-empty session of a
 :class:`~nexus_mlx.server.pool.SessionPool` to ``directory`` as ``session-NNN.safetensors``
 (``000`` the most recently used; :func:`~nexus_mlx.agent.session_file.save_session`: atomic, with
-the model's fingerprint and the chat template's digest) and then removes the files of that
-pattern it did not write (an earlier stop's), so the directory holds the pool as it was at this
-stop; each file also keeps the length of the last request its session served, so a restored
-session tells a continued conversation (served in place) from a new branch (served by a copy) as
-before the restart. Files of other names are never touched. Busy sessions (a request cut off by the stop) are
+the model's fingerprint and the chat template's digest) and then removes the files of that pattern
+it did not write (an earlier stop's), so the directory holds the pool as it was at this stop; each
+file also keeps the length of the last request its session served, so a restored session tells a
+continued conversation (served in place) from a new branch (served by a copy) as before the
+restart. Files of other names are never touched. Busy sessions (a request cut off by the stop) are
 not saved. :func:`restore_pool` loads the newest ``max_sessions`` such files, oldest first, into
 sessions that ``factory`` builds (the server's own settings: policy, budget, guard, compiled
 blocks; the saved rows, ids and stale flags are copied in, and under policy ``exact`` stale rows
@@ -15,7 +15,8 @@ are healed first, as that policy never holds any) and adopts them into the pool,
 conversation resumed after a restart appends to its cache instead of prefilling it again. A file
 that cannot be restored — another model, template or dtype, another format version, a damaged
 file — is skipped and reported with the reason; it is left where it is until the next save
-replaces the pattern. Each call returns a :class:`StoreReport`.
+replaces the pattern. Each call returns a :class:`StoreReport`; a session that cannot be written
+(a full disk) is reported there too, and the others are still saved.
 
 Both do MLX work: call them where the pool's sessions are evaluated (a server's MLX thread).
 It knows nothing about HTTP or requests.
@@ -79,7 +80,12 @@ def save_pool(pool: SessionPool, directory: Path) -> StoreReport:
         if entry.session.cache.n_past == 0:
             continue
         name = _file_name(report.sessions)
-        save_session(entry.session, directory / name, {"prompt": entry.prompt})
+        try:
+            save_session(entry.session, directory / name, {"prompt": entry.prompt})
+        except OSError as exc:  # a full disk, a directory gone: the others may still fit
+            report.refused.append((name, f"not saved: {exc.strerror or exc}"))
+            log.warning("session %s not saved: %s", name, exc)
+            continue
         written.add(name)
         report.sessions += 1
         report.rows += int(entry.session.cache.n_past)
