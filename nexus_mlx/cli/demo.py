@@ -185,7 +185,9 @@ def _answer(agent: Agent, request: str, executable: set[str], say: Say) -> CallO
 
 def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say: Say = print) -> int:
     blas = nexus_mlx.BLAS_STATUS
-    say(f"nexus-mlx {nexus_mlx.__version__} | BLAS: {blas.library if blas.loaded else blas.reason}")
+    kernels = f" ({blas.core} kernels)" if blas.core else ""
+    say(f"nexus-mlx {nexus_mlx.__version__} | BLAS: "
+        + (f"{blas.library}{kernels}" if blas.loaded else blas.reason))
     model, tokenizer = _timed(say, f"loaded model {model_spec!r}", lambda: load(model_spec))
     embedder = _timed(say, "loaded embedder all-MiniLM-L6-v2",
                       lambda: Embedder.load(query_prefix=QUERY_PREFIX))
