@@ -8,6 +8,8 @@ start, and only the server's own file pattern is ever removed.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,11 +22,11 @@ openai = pytest.importorskip("openai")
 from test_server import _tiny_llama, client, healthy, running  # noqa: E402
 
 from nexus_mlx.agent.session import Session  # noqa: E402
-from nexus_mlx.agent.session_file import save_session  # noqa: E402
+from nexus_mlx.agent.session_file import read_session, save_session  # noqa: E402
 from nexus_mlx.errors import ArgumentError  # noqa: E402
 from nexus_mlx.models.forward import forward, make_cache  # noqa: E402
 from nexus_mlx.server.pool import SessionPool  # noqa: E402
-from nexus_mlx.server.session_store import restore_pool, save_pool  # noqa: E402
+from nexus_mlx.server.session_store import INDEX, SessionStore  # noqa: E402
 
 FIRST = [{"role": "user", "content": "Name three colours of the rainbow."}]
 MAX_TOKENS = 6
@@ -40,7 +42,7 @@ def test_a_conversation_resumed_after_a_restart_appends_to_its_restored_cache(
     model, tokenizer = _tiny_llama(), default_model[1]
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as first:
         reply = _ask(first, FIRST).choices[0].message.content
-    assert [p.name for p in tmp_path.iterdir()] == ["session-000.safetensors"]
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".safetensors"]
     follow = [*FIRST, {"role": "assistant", "content": reply},
               {"role": "user", "content": "And two more."}]
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as second:
@@ -61,17 +63,19 @@ def test_files_that_cannot_be_restored_are_refused_and_only_the_pattern_is_repla
     other = tiny_model("qwen2")
     stranger = Session(other, None)
     stranger.step_ids(np.arange(1, 30) % VOCAB)
-    save_session(stranger, tmp_path / "session-000.safetensors")  # another model's
-    (tmp_path / "session-001.safetensors").write_bytes(b"not a session")  # damaged
+    save_session(stranger, tmp_path / "session-00000000000a.safetensors")  # another model's
+    (tmp_path / "session-00000000000b.safetensors").write_bytes(b"not a session")  # damaged
     (tmp_path / "notes.txt").write_text("keep me")
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as server:
         health = healthy(server)
         assert health["sessions_restored"] == 0 and health["session_files_refused"] == 2
         refused = dict(server.engine.restored.refused)
-        assert "another model" in refused["session-000.safetensors"]
-        assert "not a readable safetensors file" in refused["session-001.safetensors"]
+        assert "another model" in refused["session-00000000000a.safetensors"]
+        assert "not a readable safetensors file" in refused["session-00000000000b.safetensors"]
         _ask(server, FIRST)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "session-000.safetensors"]
+    left = {p.name for p in tmp_path.iterdir()} - {"notes.txt", INDEX}
+    [kept] = left
+    assert kept not in refused and kept.startswith("session-") and (tmp_path / "notes.txt").exists()
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as again:
         assert healthy(again)["sessions_restored"] == 1
 
@@ -106,12 +110,14 @@ def test_restored_sessions_take_the_server_s_policy_and_keep_the_newest(tmp_path
     assert entry is not None
     assert entry.session.step_ids(edited).path == "repair" and entry.session.stale_rows
     source.release(entry)
-    saved = save_pool(source, tmp_path)
-    assert (saved.sessions, saved.rows) == (3, 60 + 50 + 30)
+    saved = SessionStore(tmp_path).save(source)
+    assert (saved.sessions, saved.written, saved.rows) == (3, 3, 60 + 50 + 30)
+    for path in tmp_path.glob("session-*"):  # the index, not the files' times, gives the order
+        os.utime(path, ns=(1, 1))
 
     target = SessionPool(lambda: Session(model, None, policy="exact"), max_sessions=2)
-    report = restore_pool(target, tmp_path, model, None,
-                          lambda: Session(model, None, policy="exact"))
+    report = SessionStore(tmp_path).restore(target, model, None,
+                                            lambda: Session(model, None, policy="exact"))
     assert (report.sessions, report.refused) == (2, [])
     newest, older = target.idle()
     assert list(newest.tokens) == list(edited) and list(older.tokens) == list(texts[1])
@@ -143,7 +149,71 @@ def test_a_session_that_cannot_be_written_is_reported_and_the_others_are_saved(
         return real(session, path, annotations)
 
     monkeypatch.setattr(store, "save_session", full_disk)
-    report = save_pool(pool, tmp_path)
-    assert (report.sessions, report.rows) == (1, 39)
-    assert report.refused == [("session-000.safetensors", "not saved: No space left on device")]
-    assert [p.name for p in tmp_path.iterdir()] == ["session-000.safetensors"]
+    report = SessionStore(tmp_path).save(pool)
+    assert (report.sessions, report.written, report.rows) == (1, 1, 39)
+    [(name, why)] = report.refused
+    assert why == "not saved: No space left on device"
+    assert json.loads((tmp_path / INDEX).read_text())["sessions"] != [name]
+    assert len(list(tmp_path.glob("session-*"))) == 1
+
+
+def _served(pool: SessionPool, ids: np.ndarray) -> None:
+    entry = pool.acquire(ids)
+    assert entry is not None
+    entry.session.step_ids(ids)
+    pool.release(entry)
+
+
+def test_a_save_writes_only_the_sessions_that_changed_and_drops_the_files_of_dropped_ones(
+        tmp_path: Path):
+    model = tiny_model("llama")
+    pool = SessionPool(lambda: Session(model, None), max_sessions=2)
+    a, b, c = (np.arange(k, k + 30) % VOCAB for k in (1, 40, 80))
+    _served(pool, a)
+    _served(pool, b)
+    store = SessionStore(tmp_path)
+    assert store.save(pool).written == 2
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("session-*")}
+    assert store.save(pool).written == 0  # nothing served since: every file kept as it is
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("session-*")} == files
+    _served(pool, np.r_[a, 5, 6])  # a's conversation goes on
+    report = store.save(pool)
+    assert (report.written, report.sessions) == (1, 2)
+    _served(pool, c)  # no room: b's session, the least recently used, is overwritten
+    store.save(pool)
+    order = json.loads((tmp_path / INDEX).read_text())["sessions"]
+    assert sorted(p.name for p in tmp_path.glob("session-*")) == sorted(order)
+    again = SessionPool(lambda: Session(model, None), max_sessions=2)
+    SessionStore(tmp_path).restore(again, model, None, lambda: Session(model, None))
+    assert [list(e.tokens) for e in again.idle()] == [list(c), list(np.r_[a, 5, 6])]
+
+
+def test_without_an_index_the_newest_files_are_restored_first(tmp_path: Path):
+    model = tiny_model("llama")
+    pool = SessionPool(lambda: Session(model, None), max_sessions=3)
+    texts = [np.arange(k, k + 20) % VOCAB for k in (1, 30, 60)]
+    for ids in texts:
+        _served(pool, ids)
+    SessionStore(tmp_path).save(pool)
+    (tmp_path / INDEX).write_text("{not json")
+    for i, path in enumerate(sorted(tmp_path.glob("session-*"))):
+        os.utime(path, ns=(10**9 * (i + 1), 10**9 * (i + 1)))
+    newest = sorted(tmp_path.glob("session-*"))[-1]
+    target = SessionPool(lambda: Session(model, None), max_sessions=1)
+    report = SessionStore(tmp_path).restore(target, model, None, lambda: Session(model, None))
+    assert report.sessions == 1
+    [entry] = target.idle()
+    assert list(entry.tokens) == list(read_session(model, None, newest).session.tokens)
+
+
+def test_an_idle_server_checkpoints_its_sessions(default_model, tmp_path):
+    import time
+
+    with running(_tiny_llama(), default_model[1], model_name="tiny", session_dir=tmp_path,
+                 idle_release_s=0.3) as server:
+        _ask(server, FIRST)
+        deadline = time.monotonic() + 20
+        while not list(tmp_path.glob("session-*")):
+            assert time.monotonic() < deadline, healthy(server)
+            time.sleep(0.05)
+        assert server.engine.saved.written == 1

@@ -346,10 +346,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.stop()
         if session_dir is not None:
             saved = server.engine.saved
-            print(f"saved {saved.sessions} session(s), {saved.rows} cached tokens, to "
-                  f"{session_dir}" + (f"; {len(saved.refused)} could not be written (see the "
-                                      "log)" if saved.refused else ""),
-                  file=sys.stderr, flush=True)
+            print(f"saved {saved.sessions} session(s) ({saved.written} written now), "
+                  f"{saved.rows} cached tokens, to {session_dir}"
+                  + (f"; {len(saved.refused)} could not be written (see the log)"
+                     if saved.refused else ""), file=sys.stderr, flush=True)
     return 0
 
 

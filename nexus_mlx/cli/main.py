@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"idle period; off: never (default {DEFAULT_IDLE_RELEASE_S:g})")
     p.add_argument("--session-dir", default=None, metavar="DIR",
                    help="keep the live sessions across restarts: restore those saved in DIR "
-                   "at start (files for another model or template are skipped) and save the "
-                   "idle ones there at stop")
+                   "at start (files for another model or template are skipped), save the idle "
+                   "ones that changed there when the server goes idle and at stop")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

@@ -48,8 +48,10 @@ definitions are new to its session. Both calls block and are meant for worker th
   counts in ``cache_budget`` beside the sessions', and is dropped when it alone passes it), its
   entries handed to ``on_logprob`` marked ``"prompt"``; with ``max_tokens`` 0 that is all: no
   session is taken and nothing is generated.
-- ``save_sessions(directory)`` / ``restore_sessions(directory)`` keep the pool's sessions across
-  restarts (:mod:`.session_store`; restored sessions and refused files counted in ``stats()``).
+- With ``session_dir``, the pool's sessions outlive the process (:mod:`.session_store`): those
+  saved there are restored when the engine is built, the changed ones are saved at each idle
+  release (a checkpoint) and by ``save_sessions()`` (a server's stop); restored sessions and
+  refused files are counted in ``stats()``.
 
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
@@ -61,12 +63,12 @@ shutdown). It knows nothing about HTTP.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -98,7 +100,7 @@ from nexus_mlx.server.pool import SessionPool
 from nexus_mlx.server.protocol import ApiError, ChatRequest
 from nexus_mlx.server.responses import Completion, logprob_entry
 from nexus_mlx.server.sampling import make_logits_processors, make_sampler
-from nexus_mlx.server.session_store import StoreReport, restore_pool, save_pool
+from nexus_mlx.server.session_store import SessionStore, StoreReport
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TRIM_HEAP_S = 10.0
@@ -125,7 +127,8 @@ class Engine:
                  guard: float | None = DEFAULT_GUARD,
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
-                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S) -> None:
+                 idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S,
+                 session_dir: str | os.PathLike[str] | None = None) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
@@ -158,7 +161,11 @@ class Engine:
         self._inflight: set[threading.Event] = set()
         self.served = self.cancelled = self.failed = 0
         self.healed_rows = self.heal_failures = 0
+        self.store = None if session_dir is None else SessionStore(session_dir)
         self.restored, self.saved = StoreReport(), StoreReport()  # sessions from / to disk
+        if self.store is not None:
+            self.restored = run_on_mlx_thread(self.store.restore, self.pool, model, tokenizer,
+                                              self._new_session)
 
     def _new_session(self) -> Session:
         return Session(self.model, self.tokenizer, policy=self.policy, budget=self.budget,
@@ -399,9 +406,11 @@ class Engine:
             return bool(self._inflight)
 
     def _release_idle_memory(self) -> None:
-        """The scorer's last prompt, MLX's cache of freed buffers and the C heap's free pages
-        back (idle; MLX thread)."""
+        """The changed sessions saved (with a session directory), then the scorer's last prompt,
+        MLX's cache of freed buffers and the C heap's free pages back (idle; MLX thread)."""
         def release() -> None:
+            if self.store is not None:  # a checkpoint: a crash later loses only what follows
+                self.saved = self.store.save(self.pool)
             if self._scorer is not None:
                 self._scorer.forget()
             mx.clear_cache()
@@ -409,15 +418,10 @@ class Engine:
                 self.trimmer.trim()
         run_on_mlx_thread(release)
 
-    def restore_sessions(self, directory: Path) -> StoreReport:
-        """Adopt the sessions an earlier server saved in ``directory`` (:mod:`.session_store`)."""
-        self.restored = run_on_mlx_thread(restore_pool, self.pool, directory, self.model,
-                                          self.tokenizer, self._new_session)
-        return self.restored
-
-    def save_sessions(self, directory: Path) -> StoreReport:
-        """Save the idle sessions to ``directory`` for the next server (:mod:`.session_store`)."""
-        self.saved = run_on_mlx_thread(save_pool, self.pool, directory)
+    def save_sessions(self) -> StoreReport:
+        """Save the idle sessions that changed to the session directory (a server's stop)."""
+        if self.store is not None:
+            self.saved = run_on_mlx_thread(self.store.save, self.pool)
         return self.saved
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ in a daemon thread and returns once it accepts connections; :attr:`url` / :attr:
 (``.../v1``, what an OpenAI client takes) name it. ``stop()`` cancels in-flight generations (each
 stops at its next token), asks uvicorn to finish (open streams get ``shutdown_grace_s``) and
 waits for its thread; it is idempotent and the object is a context manager. With ``session_dir``,
-the sessions an earlier server saved there are restored before it serves, and ``stop()`` saves the
-idle sessions there once the requests are done (:mod:`.session_store`). ``wait()`` blocks
+the sessions an earlier server saved there are restored before it serves, the changed ones are
+saved there whenever it goes idle (a checkpoint) and at ``stop()``, once the requests are done
+(:mod:`.session_store`). ``wait()`` blocks
 until the server ends (Ctrl-C raises ``KeyboardInterrupt`` in the caller, who stops it; the
 command line waits with :class:`nexus_mlx.cli.signals.StopSignals` instead, which cannot miss
 a signal delivered to another thread).
@@ -40,7 +41,6 @@ from nexus_mlx.server.engine import (
     Engine,
 )
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
-from nexus_mlx.server.session_store import checked_directory
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
@@ -88,10 +88,8 @@ class Server:
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
                              heal_after_reply=heal_after_reply, guard=guard,
                              draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
-                             idle_release_s=idle_release_s)
-        self.session_dir = None if session_dir is None else checked_directory(session_dir)
-        if self.session_dir is not None:
-            self.engine.restore_sessions(self.session_dir)
+                             idle_release_s=idle_release_s,
+                             session_dir=session_dir)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
@@ -100,7 +98,7 @@ class Server:
         self._log_level, self._grace = log_level, shutdown_grace_s
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._saved = False  # the sessions went to session_dir (once, at the first stop)
+        self._saved = False  # the sessions were saved (once, at the first stop)
 
     @property
     def port(self) -> int:
@@ -154,9 +152,9 @@ class Server:
         self.engine.cancel_all()  # anything that arrived meanwhile
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.engine.close()
-        if self.session_dir is not None and not self._saved:
+        if not self._saved:
             self._saved = True
-            self.engine.save_sessions(self.session_dir)
+            self.engine.save_sessions()
         if self._sock is not None:
             self._sock.close()
 

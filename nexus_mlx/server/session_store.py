@@ -1,32 +1,41 @@
-"""A server's live sessions kept across restarts: saved to a directory at stop, restored at start.
+"""A server's live sessions kept across restarts: saved to a directory, restored at start.
 
-Contract: :func:`save_pool` writes every idle, non-empty session of a
-:class:`~nexus_mlx.server.pool.SessionPool` to ``directory`` as ``session-NNN.safetensors``
-(``000`` the most recently used; :func:`~nexus_mlx.agent.session_file.save_session`: atomic, with
-the model's fingerprint and the chat template's digest) and then removes the files of that pattern
-it did not write (an earlier stop's), so the directory holds the pool as it was at this stop; each
-file also keeps the length of the last request its session served, so a restored session tells a
-continued conversation (served in place) from a new branch (served by a copy) as before the
-restart. Files of other names are never touched. Busy sessions (a request cut off by the stop) are
-not saved. :func:`restore_pool` loads the newest ``max_sessions`` such files, oldest first, into
-sessions that ``factory`` builds (the server's own settings: policy, budget, guard, compiled
-blocks; the saved rows, ids and stale flags are copied in, and under policy ``exact`` stale rows
-are healed first, as that policy never holds any) and adopts them into the pool, so a
-conversation resumed after a restart appends to its cache instead of prefilling it again. A file
-that cannot be restored — another model, template or dtype, another format version, a damaged
-file — is skipped and reported with the reason; it is left where it is until the next save
-replaces the pattern. Each call returns a :class:`StoreReport`; a session that cannot be written
-(a full disk) is reported there too, and the others are still saved.
+Contract: ``SessionStore(directory)`` keeps the idle sessions of a
+:class:`~nexus_mlx.server.pool.SessionPool` in ``directory``: one file per session,
+``session-<12 hex digits>.safetensors`` (:func:`~nexus_mlx.agent.session_file.save_session`:
+atomic, with the model's fingerprint, the chat template's digest and the length of the last
+request the session served, so a restored session tells a continued conversation, served in
+place, from a new branch, served by a copy, as before), and an index, ``sessions.json``, that
+lists them most recently used first (written atomically after the files).
 
-Both do MLX work: call them where the pool's sessions are evaluated (a server's MLX thread).
-It knows nothing about HTTP or requests.
+- ``save(pool)`` writes each idle, non-empty session that changed since this store last wrote
+  or restored it (it served a request since); an unchanged one keeps its file. Then it writes
+  the index and removes the pattern's files the index no longer names (sessions the pool
+  dropped). Busy sessions are skipped. A session that cannot be written (a full disk) is
+  reported and the others are still saved. A server saves at its stop and, as a checkpoint,
+  when it goes idle.
+- ``restore(pool, model, tokenizer, factory)`` loads the newest ``max_sessions`` files (in the
+  index's order; files the index does not name come after it, newest first), oldest first,
+  into sessions ``factory`` builds (the server's own settings: policy, budget, guard, compiled
+  blocks; the saved rows, ids and stale flags copied in, and under policy ``exact`` stale rows
+  healed first, as that policy never holds any) and adopts them into the pool, so a
+  conversation resumed after a restart appends to its cache instead of prefilling it again. A
+  file that cannot be restored (another model, template or dtype, another format version, a
+  damaged file) is skipped and reported with the reason; the next save removes it.
+
+Files of other names are never touched. Each call returns a :class:`StoreReport`. Both do MLX
+work: call them where the pool's sessions are evaluated (a server's MLX thread). It knows
+nothing about HTTP or requests.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import secrets
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,30 +44,23 @@ from typing import Any
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.session_file import read_session, save_session
 from nexus_mlx.errors import ArgumentError, FormatError, ModelMismatchError
-from nexus_mlx.server.pool import SessionPool
+from nexus_mlx.server.pool import PooledSession, SessionPool
 
-PATTERN = re.compile(r"session-(\d{3,})\.safetensors")
+PATTERN = re.compile(r"session-[0-9a-f]{12}\.safetensors")
+INDEX = "sessions.json"
+INDEX_FORMAT = "nexus-mlx-session-index"
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class StoreReport:
-    """Sessions written or restored (with their rows), and files refused with the reason."""
+    """Sessions in the store after a save (or restored) with their rows, files written by a
+    save, and files refused (not restored, or not written) with the reason."""
 
     sessions: int = 0
     rows: int = 0
+    written: int = 0
     refused: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _file_name(index: int) -> str:
-    return f"session-{index:03d}.safetensors"
-
-
-def _stored(directory: Path) -> list[Path]:
-    """The pattern's files in ``directory``, most recently used first."""
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := PATTERN.fullmatch(p.name)) is not None and p.is_file()]
-    return [p for _, p in sorted(found)]
 
 
 def checked_directory(value: str | os.PathLike[str], option: str = "session_dir") -> Path:
@@ -73,45 +75,99 @@ def checked_directory(value: str | os.PathLike[str], option: str = "session_dir"
     return path
 
 
-def save_pool(pool: SessionPool, directory: Path) -> StoreReport:
-    """Write the pool's idle sessions (module docstring); return what was written."""
-    report, written = StoreReport(), set()
-    for entry in pool.idle():
-        if entry.session.cache.n_past == 0:
-            continue
-        name = _file_name(report.sessions)
+class SessionStore:
+    """See the module docstring."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = checked_directory(directory)
+        self._files: dict[int, tuple[str, int]] = {}  # pool entry id -> (file, its requests)
+
+    # ---- reading ------------------------------------------------------------------------
+    def _indexed(self) -> list[str]:
+        """The index's file names, most recently used first ([] when it is missing or bad)."""
         try:
-            save_session(entry.session, directory / name, {"prompt": entry.prompt})
+            index = json.loads((self.directory / INDEX).read_text())
+            names = index["sessions"] if index.get("format") == INDEX_FORMAT else []
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            return []
+        return [n for n in names if isinstance(n, str) and PATTERN.fullmatch(n)]
+
+    def _ordered(self) -> list[Path]:
+        """The pattern's files, most recently used first: the index's, then any others."""
+        present = {p.name: p for p in self.directory.iterdir()
+                   if PATTERN.fullmatch(p.name) and p.is_file()}
+        named = [present[n] for n in dict.fromkeys(self._indexed()) if n in present]
+        rest = sorted((p for n, p in present.items() if p not in named),
+                      key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        return named + rest
+
+    def restore(self, pool: SessionPool, model: Any, tokenizer: Any,
+                factory: Callable[[], Session]) -> StoreReport:
+        """Adopt the stored sessions into ``pool`` (module docstring)."""
+        report = StoreReport()
+        for path in reversed(self._ordered()[: pool.max_sessions]):  # oldest first
+            try:
+                saved = read_session(model, tokenizer, path)
+            except (FormatError, ModelMismatchError) as exc:
+                report.refused.append((path.name, str(exc)))
+                log.warning("session file not restored: %s", exc)
+                continue
+            session = factory()
+            session.copy_prefix(saved.session, saved.session.cache.n_past)
+            if session.policy == "exact" and session.stale_rows:
+                session.heal()
+            prompt = saved.annotations.get("prompt")
+            entry = pool.adopt(session, prompt if isinstance(prompt, int) else None)
+            self._files[entry.id] = (path.name, entry.requests)
+            report.sessions += 1
+            report.rows += int(session.cache.n_past)
+        return report
+
+    # ---- writing ------------------------------------------------------------------------
+    def save(self, pool: SessionPool) -> StoreReport:
+        """Write the changed idle sessions, the index, and drop stale files (module docstring)."""
+        report, names = StoreReport(), []
+        for entry in pool.idle():
+            if entry.session.cache.n_past == 0:
+                continue
+            name = self._write(entry, report)
+            if name is not None:
+                names.append(name)
+                report.sessions += 1
+                report.rows += int(entry.session.cache.n_past)
+        try:
+            self._write_index(names)
+        except OSError as exc:  # the old index still names files that exist: keep them all
+            report.refused.append((INDEX, f"not saved: {exc.strerror or exc}"))
+            return report
+        for path in self.directory.iterdir():
+            if PATTERN.fullmatch(path.name) and path.name not in names:
+                path.unlink(missing_ok=True)
+        alive = {e.id for e in pool.entries}
+        self._files = {k: v for k, v in self._files.items() if k in alive}
+        return report
+
+    def _write(self, entry: PooledSession, report: StoreReport) -> str | None:
+        """The file holding ``entry`` after writing it if it changed; None if it cannot be."""
+        known = self._files.get(entry.id)
+        name = known[0] if known else f"session-{secrets.token_hex(6)}.safetensors"
+        if known and known[1] == entry.requests and (self.directory / name).is_file():
+            return name
+        try:
+            save_session(entry.session, self.directory / name, {"prompt": entry.prompt})
         except OSError as exc:  # a full disk, a directory gone: the others may still fit
             report.refused.append((name, f"not saved: {exc.strerror or exc}"))
             log.warning("session %s not saved: %s", name, exc)
-            continue
-        written.add(name)
-        report.sessions += 1
-        report.rows += int(entry.session.cache.n_past)
-    for path in _stored(directory):
-        if path.name not in written:
-            path.unlink(missing_ok=True)
-    return report
+            return None
+        self._files[entry.id] = (name, entry.requests)
+        report.written += 1
+        return name
 
-
-def restore_pool(pool: SessionPool, directory: Path, model: Any, tokenizer: Any,
-                 factory: Callable[[], Session]) -> StoreReport:
-    """Adopt the sessions saved in ``directory`` into ``pool`` (module docstring)."""
-    report = StoreReport()
-    for path in reversed(_stored(directory)[: pool.max_sessions]):  # oldest first
+    def _write_index(self, names: list[str]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=INDEX, suffix=".partial", dir=self.directory)
         try:
-            saved = read_session(model, tokenizer, path)
-        except (FormatError, ModelMismatchError) as exc:
-            report.refused.append((path.name, str(exc)))
-            log.warning("session file not restored: %s", exc)
-            continue
-        session = factory()
-        session.copy_prefix(saved.session, saved.session.cache.n_past)
-        if session.policy == "exact" and session.stale_rows:
-            session.heal()
-        prompt = saved.annotations.get("prompt")
-        pool.adopt(session, prompt if isinstance(prompt, int) else None)
-        report.sessions += 1
-        report.rows += int(session.cache.n_past)
-    return report
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": INDEX_FORMAT, "sessions": names}, f)
+            os.replace(tmp, self.directory / INDEX)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
