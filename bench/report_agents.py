@@ -343,7 +343,8 @@ def session_restore_section(d: dict[str, Any]) -> list[str]:
     mib = d.get("bytes_on_disk")
     return [f"{fmt(d.get('conversations'))} conversations (a HotpotQA question over its ten "
             f"paragraphs, answered in {fmt(d.get('answer_tokens'))} tokens), saved by one server "
-            f"at its stop ({fmt(d.get('save_s'), '.2f')} s for {fmt(d.get('files'))} files, "
+            f"at its stop ({fmt(d.get('save_s'), '.2f')} s; {fmt(d.get('files'))} files, the "
+            "index included, "
             f"{fmt(mib / 2**20 if isinstance(mib, (int, float)) else None, '.0f')} MiB, "
             f"{fmt(d.get('bytes_per_token'), '.0f')} bytes per cached token), restored by the "
             f"next at its start ({fmt(d.get('restore_s'), '.2f')} s, "
