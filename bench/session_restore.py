@@ -13,8 +13,8 @@ to the first streamed text (the first chunk only names the role). Correctness fi
 replies are the same text (greedy; the script exits otherwise). Reported: TTFT medians with
 bootstrap CIs, the paired ratio cold / restored with its CI, the rows each reused
 (``cached_tokens``), the seconds of server A's stop (the save) and of the restoring server's whole
-start (the restore included), and the bytes on disk per cached token (float32 K/V as the cache
-holds it). Writes ``results/session_restore[_<tag>].json`` (``results/quick/`` with ``--quick``), a
+start (the restore included), the files in the directory (the sessions and their index) and
+their bytes per cached token (float32 K/V as the cache holds it). Writes ``results/session_restore[_<tag>].json`` (``results/quick/`` with ``--quick``), a
 PNG beside it, and prints the JSON as its last line.
 """
 
