@@ -461,3 +461,55 @@ def test_input_items_take_ids_once_and_page_after_one():
     for bad in ({"limit": 101}, {"limit": True}, {"order": "newest"}, {"after": "x"}):
         with pytest.raises(ArgumentError):
             input_items_page(stored, **bad)
+
+
+def test_stored_responses_outlive_a_restart_with_a_session_dir(default_model, tmp_path):
+    """A chain continued after a restart answers as it does on the server that stored it, from
+    the restored session's rows."""
+    model, tokenizer = _tiny_llama(), default_model[1]
+    ask = dict(model="tiny", tools=TOOLS, tool_choice="none", max_output_tokens=8)
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as first_server:
+        first, _, result = _call_then_result(client(first_server))
+        same = client(first_server).responses.create(previous_response_id=first.id,
+                                                     input=result, **ask)
+        client(first_server).responses.delete(same.id)
+    assert (tmp_path / "responses.json").is_file()
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as second_server:
+        assert second_server.responses_restored == 1
+        c = client(second_server)
+        assert c.responses.retrieve(first.id).model_dump() == first.model_dump()
+        continued = c.responses.create(previous_response_id=first.id, input=result, **ask)
+    assert _items(continued) == _items(same)
+    assert continued.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_a_responses_snapshot_round_trips_and_a_bad_one_changes_nothing(tmp_path):
+    from nexus_mlx.errors import FormatError
+
+    store = ResponseStore(4)
+    shared = [{"role": "user", "content": "hi"}]
+    store.put({"id": "resp_a", "output": [{"type": "message", "role": "assistant",
+                                          "content": "yo"}]}, [*shared, {"role": "assistant",
+                                                                         "content": "yo"}])
+    a = store.get("resp_a")
+    assert a is not None
+    store.put({"id": "resp_b", "output": []}, [*a.items, {"role": "user", "content": "more"}])
+    assert store.save(tmp_path / "r.json") == 2
+    text = (tmp_path / "r.json").read_text()
+    assert text.count('"hi"') == 1  # an item shared by both responses is written once
+    back = ResponseStore(4)
+    assert back.load(tmp_path / "r.json") == 2
+    got_a, got_b = back.get("resp_a"), back.get("resp_b")
+    assert got_a is not None and got_b is not None
+    assert list(got_b.items) == list(store.get("resp_b").items)
+    assert got_b.items[0] is got_a.items[0]  # shared again, not copied
+    one = ResponseStore(1)
+    assert one.load(tmp_path / "r.json") == 1 and one.get("resp_b") is not None
+    assert ResponseStore(4).load(tmp_path / "missing.json") == 0
+    for bad, field in (("[]", "format"), ('{"format": "nexus-mlx-responses", "items": {}, '
+                                          '"responses": [["x", []]]}', "responses[0]"),
+                       ("{not json", "not a readable")):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(FormatError, match=field.replace("[", r"\[").replace("]", r"\]")):
+            back.load(tmp_path / "bad.json")
+        assert back.get("resp_a") is not None and len(back) == 2

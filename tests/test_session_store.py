@@ -42,7 +42,8 @@ def test_a_conversation_resumed_after_a_restart_appends_to_its_restored_cache(
     model, tokenizer = _tiny_llama(), default_model[1]
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as first:
         reply = _ask(first, FIRST).choices[0].message.content
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".safetensors"]
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == \
+        ["responses.json", "session", INDEX]
     follow = [*FIRST, {"role": "assistant", "content": reply},
               {"role": "user", "content": "And two more."}]
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as second:
@@ -73,7 +74,7 @@ def test_files_that_cannot_be_restored_are_refused_and_only_the_pattern_is_repla
         assert "another model" in refused["session-00000000000a.safetensors"]
         assert "not a readable safetensors file" in refused["session-00000000000b.safetensors"]
         _ask(server, FIRST)
-    left = {p.name for p in tmp_path.iterdir()} - {"notes.txt", INDEX}
+    left = {p.name for p in tmp_path.iterdir()} - {"notes.txt", INDEX, "responses.json"}
     [kept] = left
     assert kept not in refused and kept.startswith("session-") and (tmp_path / "notes.txt").exists()
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as again:
@@ -217,3 +218,33 @@ def test_an_idle_server_checkpoints_its_sessions(default_model, tmp_path):
             assert time.monotonic() < deadline, healthy(server)
             time.sleep(0.05)
         assert server.engine.saved.written == 1
+
+
+def test_a_busy_session_or_one_that_cannot_be_rewritten_keeps_its_earlier_file(
+        tmp_path: Path, monkeypatch):
+    import nexus_mlx.server.session_store as store_module
+
+    model = tiny_model("llama")
+    pool = SessionPool(lambda: Session(model, None), max_sessions=2)
+    a, b = np.arange(1, 31) % VOCAB, np.arange(40, 70) % VOCAB
+    _served(pool, a)
+    _served(pool, b)
+    store = SessionStore(tmp_path)
+    store.save(pool)
+    files = sorted(p.name for p in tmp_path.glob("session-*"))
+    held = pool.acquire(np.r_[a, 9])  # a request the stop cuts off
+    assert held is not None and held.busy
+    report = store.save(pool)
+    assert (report.sessions, report.written) == (1, 0)
+    assert sorted(p.name for p in tmp_path.glob("session-*")) == files
+    held.session.step_ids(np.r_[a, 9])
+    pool.release(held)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "save_session", full_disk)
+    report = store.save(pool)  # a's session changed and cannot be rewritten
+    assert report.written == 0 and len(report.refused) == 1
+    assert sorted(p.name for p in tmp_path.glob("session-*")) == files
+    assert sorted(json.loads((tmp_path / INDEX).read_text())["sessions"]) == files

@@ -328,9 +328,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise
     if session_dir is not None:
         restored = server.engine.restored
-        print(f"restored {restored.sessions} session(s), {restored.rows} cached tokens, from "
-              f"{session_dir}" + (f"; {len(restored.refused)} file(s) refused (see the log)"
-                                  if restored.refused else ""), file=sys.stderr, flush=True)
+        print(f"restored {restored.sessions} session(s), {restored.rows} cached tokens, and "
+              f"{server.responses_restored} stored response(s) from {session_dir}"
+              + (f"; {len(restored.refused)} file(s) refused (see the log)"
+                 if restored.refused else ""), file=sys.stderr, flush=True)
     signalled = False
     try:
         with StopSignals() as stop:  # before the URL is printed: no signal can slip past

@@ -51,7 +51,8 @@ definitions are new to its session. Both calls block and are meant for worker th
 - With ``session_dir``, the pool's sessions outlive the process (:mod:`.session_store`): those
   saved there are restored when the engine is built, the changed ones are saved at each idle
   release (a checkpoint) and by ``save_sessions()`` (a server's stop); restored sessions and
-  refused files are counted in ``stats()``.
+  refused files are counted in ``stats()``. ``on_idle()``, when given, runs at each idle release
+  after that save (a server saves its stored responses there).
 
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
@@ -128,7 +129,8 @@ class Engine:
                  draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
                  idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S,
-                 session_dir: str | os.PathLike[str] | None = None) -> None:
+                 session_dir: str | os.PathLike[str] | None = None,
+                 on_idle: Callable[[], None] | None = None) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
@@ -162,6 +164,7 @@ class Engine:
         self.served = self.cancelled = self.failed = 0
         self.healed_rows = self.heal_failures = 0
         self.store = None if session_dir is None else SessionStore(session_dir)
+        self.on_idle = on_idle  # what else the caller saves at an idle release
         self.restored, self.saved = StoreReport(), StoreReport()  # sessions from / to disk
         if self.store is not None:
             self.restored = run_on_mlx_thread(self.store.restore, self.pool, model, tokenizer,
@@ -411,6 +414,8 @@ class Engine:
         def release() -> None:
             if self.store is not None:  # a checkpoint: a crash later loses only what follows
                 self.saved = self.store.save(self.pool)
+            if self.on_idle is not None:
+                self.on_idle()
             if self._scorer is not None:
                 self._scorer.forget()
             mx.clear_cache()

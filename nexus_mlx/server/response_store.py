@@ -18,24 +18,34 @@ lists them: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``, n
 unless ``order="asc"``, at most ``limit`` (1-100, default 20) items after the item ``after``;
 a message's string content is listed as one text part, and every item has a ``status``. A bad
 ``limit``, ``order`` or an ``after`` that is no item of the response raises ArgumentError.
-Safe from any thread (one lock). It knows nothing about HTTP or generation.
+``save(path)`` writes every stored response to a JSON file atomically (each item once, by its
+id, however many responses share it; least recently used first) and ``load(path)`` reads such a
+file back into the store (the newest ``max_responses``; a missing file loads nothing), so a
+server restarted with a session directory still continues ``previous_response_id``. A file that
+is not such a snapshot raises :class:`FormatError` naming the field, and the store is left as it
+was. Safe from any thread (one lock). It knows nothing about HTTP or generation.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, FormatError
 
 DEFAULT_MAX_RESPONSES = 1024
 DEFAULT_PAGE_ITEMS = 20
 MAX_PAGE_ITEMS = 100
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+SNAPSHOT_FORMAT = "nexus-mlx-responses"
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,59 @@ class ResponseStore:
     def delete(self, response_id: str) -> bool:
         with self._lock:
             return self._stored.pop(response_id, None) is not None
+
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write the stored responses to ``path`` atomically; returns how many."""
+        with self._lock:
+            items = {str(i["id"]): i for r in self._stored.values() for i in r.items}
+            responses = [[r.body, [str(i["id"]) for i in r.items]] for r in self._stored.values()]
+        target = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": SNAPSHOT_FORMAT, "items": items, "responses": responses}, f)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return len(responses)
+
+    def load(self, path: str | os.PathLike[str]) -> int:
+        """Store the responses a :meth:`save` wrote to ``path``; returns how many were kept."""
+        source = Path(path)
+        if not source.is_file():
+            return 0
+        try:
+            data = json.loads(source.read_text())
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"{source} is not a readable responses snapshot: {exc}") from None
+        loaded = _snapshot_entries(source, data)
+        with self._lock:
+            for body, items in loaded:
+                self._stored[str(body["id"])] = StoredResponse(body, items)
+                self._stored.move_to_end(str(body["id"]))
+            while len(self._stored) > self.max_responses:
+                self._stored.popitem(last=False)
+        return min(len(loaded), self.max_responses)
+
+
+def _snapshot_entries(source: Path, data: Any) -> list[tuple[dict[str, Any], tuple[Any, ...]]]:
+    """The (body, items) pairs of a snapshot, checked; FormatError naming the field."""
+    if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+        raise FormatError(f"{source}: field format is not {SNAPSHOT_FORMAT!r}")
+    items, responses = data.get("items"), data.get("responses")
+    if not isinstance(items, dict) or not all(isinstance(i, dict) for i in items.values()):
+        raise FormatError(f"{source}: field items is not an object of items")
+    if not isinstance(responses, list):
+        raise FormatError(f"{source}: field responses is not a list")
+    out = []
+    for k, entry in enumerate(responses):
+        ok = (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], dict)
+              and "id" in entry[0] and isinstance(entry[1], list)
+              and all(isinstance(i, str) and i in items for i in entry[1]))
+        if not ok:
+            raise FormatError(f"{source}: field responses[{k}] is not [response, item ids]")
+        out.append((entry[0], tuple(items[i] for i in entry[1])))
+    return out
 
 
 def _with_id(item: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -9,7 +9,8 @@ stops at its next token), asks uvicorn to finish (open streams get ``shutdown_gr
 waits for its thread; it is idempotent and the object is a context manager. With ``session_dir``,
 the sessions an earlier server saved there are restored before it serves, the changed ones are
 saved there whenever it goes idle (a checkpoint) and at ``stop()``, once the requests are done
-(:mod:`.session_store`). ``wait()`` blocks
+(:mod:`.session_store`); the Responses API's stored responses go with them, to ``responses.json``,
+so ``previous_response_id`` outlives a restart too. ``wait()`` blocks
 until the server ends (Ctrl-C raises ``KeyboardInterrupt`` in the caller, who stops it; the
 command line waits with :class:`nexus_mlx.cli.signals.StopSignals` instead, which cannot miss
 a signal delivered to another thread).
@@ -21,18 +22,20 @@ the address. It knows nothing about requests.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from nexus_mlx.agent.session import DEFAULT_GUARD, Policy
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
-from nexus_mlx.errors import ArgumentError
+from nexus_mlx.errors import ArgumentError, FormatError
 from nexus_mlx.server.app import build_app
 from nexus_mlx.server.engine import (
     DEFAULT_IDLE_RELEASE_S,
@@ -44,6 +47,8 @@ from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
+RESPONSES_FILE = "responses.json"  # the stored responses, beside the saved sessions
+log = logging.getLogger(__name__)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -83,17 +88,19 @@ class Server:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
                                 f"{cache_budget_mib!r}")
         self.model_name, self.host, self._port, self._sock = model_name, host, port, sock
+        self.responses = ResponseStore(max_stored_responses)
+        self.responses_file = None if session_dir is None else Path(session_dir) / RESPONSES_FILE
+        self.responses_restored = self._load_responses()
         self.engine = Engine(model, tokenizer, policy=policy, budget=budget,
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
                              heal_after_reply=heal_after_reply, guard=guard,
                              draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
-                             idle_release_s=idle_release_s,
-                             session_dir=session_dir)
+                             idle_release_s=idle_release_s, session_dir=session_dir,
+                             on_idle=self._save_responses if session_dir is not None else None)
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")
-        self.responses = ResponseStore(max_stored_responses)
         self.app = build_app(self.engine, [model_name], self._executor, self.responses)
         self._log_level, self._grace = log_level, shutdown_grace_s
         self._uvicorn: uvicorn.Server | None = None
@@ -155,8 +162,28 @@ class Server:
         if not self._saved:
             self._saved = True
             self.engine.save_sessions()
+            self._save_responses()
         if self._sock is not None:
             self._sock.close()
+
+    def _load_responses(self) -> int:
+        """The stored responses an earlier server saved beside its sessions (a file it cannot
+        read is logged and left for the next save to replace)."""
+        if self.responses_file is None or not self.responses.enabled:
+            return 0
+        try:
+            return self.responses.load(self.responses_file)
+        except FormatError as exc:
+            log.warning("stored responses not restored: %s", exc)
+            return 0
+
+    def _save_responses(self) -> None:
+        if self.responses_file is None:
+            return
+        try:
+            self.responses.save(self.responses_file)
+        except OSError as exc:  # a full disk: the sessions' save reports its own failures
+            log.warning("stored responses not saved: %s", exc)
 
     def __enter__(self) -> Server:
         return self if self.running else self.start()

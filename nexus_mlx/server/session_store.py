@@ -8,12 +8,12 @@ request the session served, so a restored session tells a continued conversation
 place, from a new branch, served by a copy, as before), and an index, ``sessions.json``, that
 lists them most recently used first (written atomically after the files).
 
-- ``save(pool)`` writes each idle, non-empty session that changed since this store last wrote
-  or restored it (it served a request since); an unchanged one keeps its file. Then it writes
-  the index and removes the pattern's files the index no longer names (sessions the pool
-  dropped). Busy sessions are skipped. A session that cannot be written (a full disk) is
-  reported and the others are still saved. A server saves at its stop and, as a checkpoint,
-  when it goes idle.
+- ``save(pool)`` writes each idle, non-empty session that changed since this store last wrote or
+  restored it (it served a request since); an unchanged one keeps its file. Then it writes the
+  index and removes the pattern's files the index no longer names (sessions the pool dropped). A
+  busy session keeps its earlier file. A session that cannot be written (a full disk) is reported,
+  keeps its earlier file if it has one, and the others are still saved. A server saves at its stop
+  and, as a checkpoint, when it goes idle.
 - ``restore(pool, model, tokenizer, factory)`` loads the newest ``max_sessions`` files (in the
   index's order; files the index does not name come after it, newest first), oldest first,
   into sessions ``factory`` builds (the server's own settings: policy, budget, guard, compiled
@@ -126,7 +126,10 @@ class SessionStore:
     # ---- writing ------------------------------------------------------------------------
     def save(self, pool: SessionPool) -> StoreReport:
         """Write the changed idle sessions, the index, and drop stale files (module docstring)."""
-        report, names = StoreReport(), []
+        report = StoreReport()
+        # a session in use now keeps its earlier file (a request the stop cut off changed it)
+        names = [name for e in list(pool.entries) if e.busy and e.id in self._files
+                 for name in [self._files[e.id][0]] if (self.directory / name).is_file()]
         for entry in pool.idle():
             if entry.session.cache.n_past == 0:
                 continue
@@ -158,7 +161,8 @@ class SessionStore:
         except OSError as exc:  # a full disk, a directory gone: the others may still fit
             report.refused.append((name, f"not saved: {exc.strerror or exc}"))
             log.warning("session %s not saved: %s", name, exc)
-            return None
+            # its earlier file, if any, is still whole (the write was atomic): keep it
+            return name if known and (self.directory / name).is_file() else None
         self._files[entry.id] = (name, entry.requests)
         report.written += 1
         return name
