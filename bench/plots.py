@@ -77,3 +77,14 @@ def ratio_bars(cases: dict[str, dict[str, Any]], ylabel: str, title: str, name: 
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     return save(fig, name, quick)
+
+
+def median_bars(arms: dict[str, Sequence[float]], ylabel: str, title: str, name: str,
+                quick: bool) -> Path:
+    """A bar per arm of its ``[median, lo, hi]`` with the CI as error bars; saved as ``name``."""
+    fig, ax = figure(width=5.0)
+    medians = [values[0] for values in arms.values()]
+    ax.bar(list(arms), medians, yerr=error_bars(medians, [v[1:] for v in arms.values()]))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    return save(fig, name, quick)

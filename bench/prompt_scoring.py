@@ -89,15 +89,10 @@ def picked(scores: list[list[float]], mean: bool) -> int:
 
 
 def draw(result: dict[str, Any], name: str, quick: bool) -> None:
-    fig, ax = plots.figure(width=5.0)
-    arms = ["fresh", "reuse"]
-    medians = [result[f"{arm}_ms"][0] for arm in arms]
-    cis = [result[f"{arm}_ms"][1:] for arm in arms]
-    ax.bar(arms, medians, yerr=plots.error_bars(medians, cis))
-    ax.set_ylabel("ms per item (median, 95% CI)")
-    ax.set_title(f"{result['model_info']['spec']}: scoring {result['choices']} continuations "
-                 f"of one context ({result['speedup'][0]:.2f}x)", fontsize=9)
-    plots.save(fig, name, quick)
+    plots.median_bars({arm: result[f"{arm}_ms"] for arm in ("fresh", "reuse")},
+                      "ms per item (median, 95% CI)",
+                      f"{result['model_info']['spec']}: scoring {result['choices']} continuations "
+                      f"of one context ({result['speedup'][0]:.2f}x)", name, quick)
 
 
 def main() -> None:

@@ -77,15 +77,10 @@ def ask(server: Server, messages: list[dict[str, str]]) -> tuple[float, str, int
 
 
 def draw(result: dict[str, Any], name: str, quick: bool) -> None:
-    fig, ax = plots.figure(width=5.0)
-    arms = ["cold", "restored"]
-    medians = [result[f"{arm}_ttft_ms"][0] for arm in arms]
-    cis = [result[f"{arm}_ttft_ms"][1:] for arm in arms]
-    ax.bar(arms, medians, yerr=plots.error_bars(medians, cis))
-    ax.set_ylabel("follow-up TTFT, ms (median, 95% CI)")
-    ax.set_title(f"{result['model_info']['spec']}: a conversation resumed after a restart "
-                 f"({result['speedup'][0]:.2f}x)", fontsize=9)
-    plots.save(fig, name, quick)
+    plots.median_bars({arm: result[f"{arm}_ttft_ms"] for arm in ("cold", "restored")},
+                      "follow-up TTFT, ms (median, 95% CI)",
+                      f"{result['model_info']['spec']}: a conversation resumed after a restart "
+                      f"({result['speedup'][0]:.2f}x)", name, quick)
 
 
 def main() -> None:

@@ -327,11 +327,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     if session_dir is not None:
-        restored = server.engine.restored
-        print(f"restored {restored.sessions} session(s), {restored.rows} cached tokens, and "
-              f"{server.responses_restored} stored response(s) from {session_dir}"
-              + (f"; {len(restored.refused)} file(s) refused (see the log)"
-                 if restored.refused else ""), file=sys.stderr, flush=True)
+        done = server.engine.restored
+        _say_store(f"restored {done.sessions} session(s)", done, f"{server.responses_restored} "
+                   f"stored response(s), from {session_dir}", "file(s) refused")
     signalled = False
     try:
         with StopSignals() as stop:  # before the URL is printed: no signal can slip past
@@ -347,11 +345,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.stop()
         if session_dir is not None:
             saved = server.engine.saved
-            print(f"saved {saved.sessions} session(s) ({saved.written} written now), "
-                  f"{saved.rows} cached tokens, to {session_dir}"
-                  + (f"; {len(saved.refused)} could not be written (see the log)"
-                     if saved.refused else ""), file=sys.stderr, flush=True)
+            _say_store(f"saved {saved.sessions} session(s) ({saved.written} written now)", saved,
+                       f"to {session_dir}", "could not be written")
     return 0
+
+
+def _say_store(what: str, report: Any, where: str, refused: str) -> None:
+    """One line on stderr about sessions restored or saved (``report``: a StoreReport)."""
+    print(f"{what}, {report.rows} cached tokens, {where}"
+          + (f"; {len(report.refused)} {refused} (see the log)" if report.refused else ""),
+          file=sys.stderr, flush=True)
 
 
 # ---- convert -----------------------------------------------------------------------------
