@@ -1,18 +1,17 @@
 """Saving and loading a live session: its cache rows, token ids and settings, checked strictly.
 
-Contract: ``save_session(session, path)`` writes one safetensors file (the live K/V of every
-layer, the token ids, the per-row stale flags, the next-token logits) with JSON metadata (format
-version, the model's fingerprint, a digest of the chat template, dtype, V layout and the
-session's settings). The file is written to a temporary name beside ``path`` and renamed into
-place, so a crash never leaves a half-written session under ``path``; ``path`` keeps the name it
-is given, whatever its suffix; ``annotations`` (a JSON object: what the caller wants back with
-the session, such as a server pool's bookkeeping) are stored beside it. ``load_session(model,
-tokenizer, path)`` refuses, before building
-anything, a file that is not a session of this version (:class:`FormatError`, naming the field),
-or one made for another model, template or dtype (:class:`ModelMismatchError`, listing every
-difference). A loaded session continues exactly where the saved one stopped.
-``read_session`` does the same and returns a :class:`SavedSession`: the session and its
-annotations.
+Contract: ``save_session(session, path)`` writes one safetensors file (the live K/V of every layer,
+the token ids, the per-row stale flags, the next-token logits) with JSON metadata (format version,
+the model's fingerprint, a digest of the chat template, dtype, V layout and the session's
+settings). The file is written to a temporary name beside ``path`` and renamed into place, so a
+crash never leaves a half-written session under ``path``; ``path`` keeps the name it is given,
+whatever its suffix; ``annotations`` (a JSON object: what the caller wants back with the session,
+such as a server pool's bookkeeping) are stored beside it. ``load_session(model, tokenizer, path)``
+refuses, before building anything, a file that is not a session of this version
+(:class:`FormatError`, naming the field), or one made for another model, template or dtype
+(:class:`ModelMismatchError`, listing every difference). A loaded session continues exactly where
+the saved one stopped. ``read_session`` does the same and returns a :class:`SavedSession`: the
+session and its annotations.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -44,6 +43,7 @@ from nexus_mlx.server.engine import (
     Engine,
 )
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
+from nexus_mlx.server.session_store import checked_directory
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
@@ -89,7 +89,8 @@ class Server:
                                 f"{cache_budget_mib!r}")
         self.model_name, self.host, self._port, self._sock = model_name, host, port, sock
         self.responses = ResponseStore(max_stored_responses)
-        self.responses_file = None if session_dir is None else Path(session_dir) / RESPONSES_FILE
+        self.responses_file = (None if session_dir is None
+                               else checked_directory(session_dir) / RESPONSES_FILE)
         self.responses_restored = self._load_responses()
         self.engine = Engine(model, tokenizer, policy=policy, budget=budget,
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
