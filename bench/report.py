@@ -170,7 +170,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("certified_head", "Certified head: greedy ids without the full projection", ENG,
           certified_head_section, variants=True),
     Bench("skinny_gemm", "BLAS shim: few-row products, skinny kernel vs OpenBLAS", ENG,
-          skinny_section),
+          skinny_section, variants=True),
     Bench("slb_latency", "SLB scan latency and INT8 recall", ENG, slb_section),
     Bench("l0_radix", "L0 radix arena: warm-prefix reuse", ENG, l0_section),
     Bench("embedder", "Embedder throughput", ENG, embedder_section),
