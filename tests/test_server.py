@@ -1006,4 +1006,4 @@ def test_serve_keeps_its_sessions_in_a_session_dir_across_a_restart(default_mode
     assert "restored 0 session(s)" in errs[0] and "saved 1 session(s)" in errs[0], errs[0]
     assert "restored 1 session(s)" in errs[1] and "saved 1 session(s)" in errs[1], errs[1]
     assert "(1 written now)" in errs[0] and "(1 written now)" in errs[1]  # it served again
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".json", ".safetensors"]
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == ["", ".json", ".json", ".safetensors"]

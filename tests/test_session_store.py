@@ -26,7 +26,7 @@ from nexus_mlx.agent.session_file import read_session, save_session  # noqa: E40
 from nexus_mlx.errors import ArgumentError  # noqa: E402
 from nexus_mlx.models.forward import forward, make_cache  # noqa: E402
 from nexus_mlx.server.pool import SessionPool  # noqa: E402
-from nexus_mlx.server.session_store import INDEX, SessionStore  # noqa: E402
+from nexus_mlx.server.session_store import INDEX, LOCK, SessionStore  # noqa: E402
 
 FIRST = [{"role": "user", "content": "Name three colours of the rainbow."}]
 MAX_TOKENS = 6
@@ -43,7 +43,7 @@ def test_a_conversation_resumed_after_a_restart_appends_to_its_restored_cache(
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as first:
         reply = _ask(first, FIRST).choices[0].message.content
     assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == \
-        ["responses.json", "session", INDEX]
+        [LOCK, "responses.json", "session", INDEX]
     follow = [*FIRST, {"role": "assistant", "content": reply},
               {"role": "user", "content": "And two more."}]
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as second:
@@ -74,7 +74,7 @@ def test_files_that_cannot_be_restored_are_refused_and_only_the_pattern_is_repla
         assert "another model" in refused["session-00000000000a.safetensors"]
         assert "not a readable safetensors file" in refused["session-00000000000b.safetensors"]
         _ask(server, FIRST)
-    left = {p.name for p in tmp_path.iterdir()} - {"notes.txt", INDEX, "responses.json"}
+    left = {p.name for p in tmp_path.iterdir()} - {"notes.txt", INDEX, LOCK, "responses.json"}
     [kept] = left
     assert kept not in refused and kept.startswith("session-") and (tmp_path / "notes.txt").exists()
     with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as again:
@@ -185,6 +185,7 @@ def test_a_save_writes_only_the_sessions_that_changed_and_drops_the_files_of_dro
     order = json.loads((tmp_path / INDEX).read_text())["sessions"]
     assert sorted(p.name for p in tmp_path.glob("session-*")) == sorted(order)
     again = SessionPool(lambda: Session(model, None), max_sessions=2)
+    store.close()  # one store owns a directory at a time
     SessionStore(tmp_path).restore(again, model, None, lambda: Session(model, None))
     assert [list(e.tokens) for e in again.idle()] == [list(c), list(np.r_[a, 5, 6])]
 
@@ -214,10 +215,11 @@ def test_an_idle_server_checkpoints_its_sessions(default_model, tmp_path):
                  idle_release_s=0.3) as server:
         _ask(server, FIRST)
         deadline = time.monotonic() + 20
-        while not list(tmp_path.glob("session-*")):
+        while server.engine.saved.written == 0:  # the report lands once the save is whole
             assert time.monotonic() < deadline, healthy(server)
             time.sleep(0.05)
         assert server.engine.saved.written == 1
+        assert len(json.loads((tmp_path / INDEX).read_text())["sessions"]) == 1
 
 
 def test_a_busy_session_or_one_that_cannot_be_rewritten_keeps_its_earlier_file(
@@ -248,3 +250,12 @@ def test_a_busy_session_or_one_that_cannot_be_rewritten_keeps_its_earlier_file(
     assert report.written == 0 and len(report.refused) == 1
     assert sorted(p.name for p in tmp_path.glob("session-*")) == files
     assert sorted(json.loads((tmp_path / INDEX).read_text())["sessions"]) == files
+
+
+def test_one_server_at_a_time_owns_a_session_dir(default_model, tmp_path):
+    model, tokenizer = _tiny_llama(), default_model[1]
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path):
+        with pytest.raises(ArgumentError, match="in use by another nexus-mlx server"):
+            running(model, tokenizer, model_name="tiny", session_dir=tmp_path).__enter__()
+    with running(model, tokenizer, model_name="tiny", session_dir=tmp_path) as after:
+        assert healthy(after)["session_files_refused"] == 0  # the first one let it go

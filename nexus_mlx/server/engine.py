@@ -430,9 +430,12 @@ class Engine:
         return self.saved
 
     def close(self) -> None:
-        """Stop watching for idle periods (a server's stop)."""
+        """Stop watching for idle periods and let the session directory go (a server's stop,
+        after :meth:`save_sessions`)."""
         if self.idle is not None:
             self.idle.close()
+        if self.store is not None:
+            self.store.close()
 
     def cancel_all(self) -> None:
         with self._lock:

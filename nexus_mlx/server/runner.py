@@ -159,11 +159,11 @@ class Server:
             self._thread.join(timeout)
         self.engine.cancel_all()  # anything that arrived meanwhile
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self.engine.close()
         if not self._saved:
             self._saved = True
             self.engine.save_sessions()
             self._save_responses()
+        self.engine.close()
         if self._sock is not None:
             self._sock.close()
 

@@ -23,9 +23,12 @@ lists them most recently used first (written atomically after the files).
   file that cannot be restored (another model, template or dtype, another format version, a
   damaged file) is skipped and reported with the reason; the next save removes it.
 
-Files of other names are never touched. Each call returns a :class:`StoreReport`. Both do MLX
-work: call them where the pool's sessions are evaluated (a server's MLX thread). It knows
-nothing about HTTP or requests.
+One store at a time owns a directory: ``SessionStore(directory)`` takes an exclusive lock on
+``directory/.lock`` (``flock``, where the platform has it) and raises :class:`ArgumentError`
+when another process holds it (two servers would overwrite each other's index); ``close()``
+lets it go, as does the process's end. Files of other names are never touched. Each call
+returns a :class:`StoreReport`. Both do MLX work: call them where the pool's sessions are
+evaluated (a server's MLX thread). It knows nothing about HTTP or requests.
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): the directory is not locked
+    fcntl = None  # type: ignore[assignment]
 
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.session_file import read_session, save_session
@@ -49,6 +57,7 @@ from nexus_mlx.server.pool import PooledSession, SessionPool
 PATTERN = re.compile(r"session-[0-9a-f]{12}\.safetensors")
 INDEX = "sessions.json"
 INDEX_FORMAT = "nexus-mlx-session-index"
+LOCK = ".lock"
 log = logging.getLogger(__name__)
 
 
@@ -75,12 +84,34 @@ def checked_directory(value: str | os.PathLike[str], option: str = "session_dir"
     return path
 
 
+def _locked(directory: Path) -> IO[str] | None:
+    """An open ``directory/.lock`` holding an exclusive ``flock`` (None where the platform has
+    no ``flock``); :class:`ArgumentError` when another process holds it."""
+    if fcntl is None:
+        return None
+    handle = open(directory / LOCK, "a+")  # noqa: SIM115 (held open: the lock lives with it)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ArgumentError(f"session_dir {str(directory)!r} is in use by another nexus-mlx "
+                            "server; give each server a directory of its own") from None
+    return handle
+
+
 class SessionStore:
     """See the module docstring."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = checked_directory(directory)
         self._files: dict[int, tuple[str, int]] = {}  # pool entry id -> (file, its requests)
+        self._lock_file = _locked(self.directory)
+
+    def close(self) -> None:
+        """Let another store take the directory (idempotent)."""
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing the descriptor drops its flock
+            self._lock_file = None
 
     # ---- reading ------------------------------------------------------------------------
     def _indexed(self) -> list[str]:
