@@ -107,6 +107,22 @@ def test_hostile_input_is_one_line_exit_2_without_traceback(case: str, workdir: 
     assert not (workdir / "results").exists()  # report never wrote a report of nothing
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="flock-locked directories")
+def test_serve_refuses_a_session_dir_another_server_holds_before_loading_the_model(
+        workdir: Path):
+    from nexus_mlx.server.session_store import SessionStore
+
+    held = SessionStore(workdir / "sessions")  # another server's, in this process
+    try:
+        out = _cli(["serve", "--model", NOPE, "--port", "0", "--session-dir",
+                    str(workdir / "sessions")], cwd=workdir)
+    finally:
+        held.close()
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "is in use by another nexus-mlx server" in lines[0] and "missing-model" not in lines[0]
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_debug_is_accepted_anywhere_and_shows_the_traceback(where: str, workdir: Path, capsys):
     argv = ["compile", "--tools", "missing.json", "--out", str(workdir / "atb")]

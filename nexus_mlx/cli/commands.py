@@ -300,6 +300,7 @@ def cmd_repair_demo(args: argparse.Namespace) -> int:
 # ---- serve -------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
     from nexus_mlx.server import Server, bind_socket
+    from nexus_mlx.server.session_store import check_free
 
     host, port = checks.host(args.host), checks.port(args.port)
     checks.percentage(args.budget, "--budget")
@@ -311,8 +312,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stored = checks.non_negative_int(args.max_stored_responses, "--max-stored-responses")
     trim_heap_s = checks.seconds_or_off(args.trim_heap, "--trim-heap")
     idle_release_s = checks.seconds_or_off(args.idle_release, "--idle-release")
-    session_dir = (checks.output_directory(args.session_dir, "--session-dir")
-                   if args.session_dir is not None else None)
+    session_dir = (check_free(checks.output_directory(args.session_dir, "--session-dir"))
+                   if args.session_dir is not None else None)  # held by another: before loading
     sock = bind_socket(host, port)  # a busy port fails before the model loads
     try:
         model, tokenizer = load(args.model)

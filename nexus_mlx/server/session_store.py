@@ -99,6 +99,16 @@ def _locked(directory: Path) -> IO[str] | None:
     return handle
 
 
+def check_free(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` checked as :func:`checked_directory` does and not held by another store
+    (its lock taken and let go at once: a command line checks before it loads a model)."""
+    path = checked_directory(directory)
+    handle = _locked(path)
+    if handle is not None:
+        handle.close()
+    return path
+
+
 class SessionStore:
     """See the module docstring."""
 
