@@ -396,11 +396,10 @@ for on in (True, False):
 print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
                   "skinny": BLAS_STATUS.skinny_routing, "failures": failures, "routed": routed,
                   "x86": avx2}))
-""",
-        {"NEXUS_MLX_SKINNY": "1"},  # on whatever the CPU's default
+"""
     )
     assert result["loaded"], result["reason"]
-    assert result["skinny"] is True
+    assert result["skinny"] is True  # on by default
     assert result["failures"] == []
     assert all(n == 0 for on, rows, n in result["routed"] if not on or rows is None)
     with open("/proc/cpuinfo") as f:
@@ -408,26 +407,6 @@ print(json.dumps({"loaded": BLAS_STATUS.loaded, "reason": BLAS_STATUS.reason,
     most = 6 if " avx512f " in flags else 4 if " avx2 " in flags else 0
     eligible_on = [(rows, n) for on, rows, n in result["routed"] if on and rows is not None]
     assert all(n == (1 if rows <= most else 0) for rows, n in eligible_on), eligible_on
-
-
-def test_the_skinny_kernel_is_on_by_default_on_intel_cpus_only() -> None:
-    from nexus_mlx._platform.blas import skinny_by_default
-
-    assert skinny_by_default(None, "GenuineIntel") is True
-    assert skinny_by_default(None, "AuthenticAMD") is False and skinny_by_default("", "") is False
-    for setting, on in (("1", True), ("on", True), ("0", False), ("off", False), ("no", False)):
-        for vendor in ("GenuineIntel", "AuthenticAMD"):
-            assert skinny_by_default(setting, vendor) is on
-
-
-@linux_only
-def test_the_default_routing_follows_this_cpu_s_vendor() -> None:
-    result = run_child(PRELUDE + """
-print(json.dumps({"skinny": BLAS_STATUS.skinny_routing}))
-""", {"NEXUS_MLX_SKINNY": None})
-    with open("/proc/cpuinfo") as f:
-        intel = "GenuineIntel" in f.read()
-    assert result["skinny"] is intel
 
 
 @linux_only

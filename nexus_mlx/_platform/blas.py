@@ -15,14 +15,11 @@ on, ``NEXUS_MLX_GEMV=0`` keeps it off from the start. The product is the same ei
 float32 summation order).
 
 Products with 2 to 6 rows against a weight matrix (``A @ W.T``: a forward of a few tokens, such
-as the drafted tokens a decoder verifies) can go to ``csrc/skinny_gemm.h`` on CPUs with AVX-512F
+as the drafted tokens a decoder verifies) go to ``csrc/skinny_gemm.h`` on CPUs with AVX-512F
 (2 to 4 rows with AVX2 + FMA only), which reads each weight row once instead of packing the
-matrix and shares the rows over the cores: the same product up to float32 summation order. It
-is on by default only on Intel CPUs, where it paid (``results/skinny_gemm.json``, a Xeon: SmolLM2
-forwards of 2-6 tokens 1.11-1.18x faster); on the AMD EPYCs measured it did not (Zen 4,
-``skinny_gemm_epyc.json``: 0.87-0.98x; Zen 5, ``skinny_gemm_zen5.json``: 0.62-0.69x).
-``NEXUS_MLX_SKINNY=1`` / ``0`` turns it on / off from the start on any CPU, and
-:func:`set_skinny_routing` at any time.
+matrix (with AVX-512F prefetching the rows it reads next) and shares the rows over the cores:
+the same product up to float32 summation order. :func:`set_skinny_routing` turns that off and on,
+``NEXUS_MLX_SKINNY=0`` keeps it off from the start.
 
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)
@@ -66,7 +63,7 @@ from nexus_mlx._platform import cbuild as _cbuild
 from nexus_mlx.errors import BuildError
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "set_gemv_routing",
-           "set_skinny_routing", "shim_call_counts", "skinny_by_default"]
+           "set_skinny_routing", "shim_call_counts"]
 
 ENV_VAR = "NEXUS_MLX_BLAS"
 THREAD_TIMEOUT_ENV_VAR = "OPENBLAS_THREAD_TIMEOUT"
@@ -167,28 +164,6 @@ def _core_source(core: str | None) -> str:
     return f" (core {core or named}, named by {CORETYPE_ENV_VAR})" if named else ""
 
 
-def skinny_by_default(setting: str | None, vendor: str) -> bool:
-    """Whether few-row products start on the skinny kernel: ``NEXUS_MLX_SKINNY``'s ``setting``
-    when given (``0``/``off``/``false``/``no``: off, anything else: on), else on Intel CPUs only
-    (``vendor`` as ``/proc/cpuinfo``'s ``vendor_id``; module docstring)."""
-    if setting is not None and setting.strip():
-        return not _off(setting)
-    return vendor == "GenuineIntel"
-
-
-def _cpu_vendor() -> str:
-    """``/proc/cpuinfo``'s first ``vendor_id`` ("" where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() == "vendor_id":
-                    return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
 def _compile_shim() -> Path:
     """Compile csrc/blas_shim.c into the user cache (keyed by the source hash); return its path."""
     if not _SHIM_SOURCE.is_file():
@@ -263,7 +238,7 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
     if hasattr(shim, "nexus_blas_set_skinny"):
         shim.nexus_blas_set_skinny.argtypes = [ctypes.c_int]
         shim.nexus_blas_set_skinny.restype = None
-        set_skinny_routing(skinny_by_default(os.environ.get(SKINNY_ENV_VAR), _cpu_vendor()))
+        set_skinny_routing(not _off(os.environ.get(SKINNY_ENV_VAR)))
     # Check the global scope now resolves cblas_sgemm to the shim (an LD_PRELOADed BLAS would win).
     process = ctypes.CDLL(None)
     for g in _GEMMS:
