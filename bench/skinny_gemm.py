@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="write results/skinny_gemm_TAG.json")
     args = parser.parse_args()
     name = "skinny_gemm" + (f"_{args.tag}" if args.tag else "")
-    if not set_skinny_routing(True):  # on for the run, whatever this CPU's default
+    if not set_skinny_routing(True):  # on for the run, even under NEXUS_MLX_SKINNY=0
         raise SystemExit(f"the skinny routing is not available here: {BLAS_STATUS}")
     started = time.perf_counter()
     trials = 5 if args.quick else 15
