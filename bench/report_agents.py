@@ -319,11 +319,18 @@ def server_memory_section(d: dict[str, Any]) -> list[str]:
                          "served / cancelled / failed"], rows)
 
 
+def _arm_rows(d: dict[str, Any], arms: tuple[str, ...], time_key: str,
+              count_key: str) -> list[list[str]]:
+    """A row per arm of a two-arm benchmark: its time (``time_key`` with ``{arm}`` filled in, a
+    ``[median, lo, hi]`` list) and its count (``d[count_key][arm]``)."""
+    return [[arm, _median_ci(d.get(time_key.format(arm=arm)), ".0f"),
+             fmt(get(d, count_key, arm), ".0f")] for arm in arms]
+
+
 def prompt_scoring_section(d: dict[str, Any]) -> list[str]:
     """``prompt_scoring``: multiple-choice continuations of one context scored fresh vs with
     the prefix reused."""
-    rows = [[arm, _median_ci(d.get(f"{arm}_ms"), ".0f"),
-             fmt(get(d, "rows_per_item", arm), ".0f")] for arm in ("fresh", "reuse")]
+    rows = _arm_rows(d, ("fresh", "reuse"), "{arm}_ms", "rows_per_item")
     return [f"{fmt(d.get('items'))} HotpotQA items, {fmt(d.get('choices'))} choices each "
             f"(context median {fmt(get(d, 'context_tokens', 'median'), '.0f')} tokens, answers "
             f"{fmt(get(d, 'answer_tokens', 'median'), '.0f')}), scored as the completions API "
@@ -338,8 +345,7 @@ def prompt_scoring_section(d: dict[str, Any]) -> list[str]:
 
 def session_restore_section(d: dict[str, Any]) -> list[str]:
     """``session_restore``: a conversation resumed after a restart, restored vs cold."""
-    rows = [[arm, _median_ci(d.get(f"{arm}_ttft_ms"), ".0f"),
-             fmt(get(d, "cached_tokens", arm), ".0f")] for arm in ("cold", "restored")]
+    rows = _arm_rows(d, ("cold", "restored"), "{arm}_ttft_ms", "cached_tokens")
     mib = d.get("bytes_on_disk")
     return [f"{fmt(d.get('conversations'))} conversations (a HotpotQA question over its ten "
             f"paragraphs, answered in {fmt(d.get('answer_tokens'))} tokens), saved by one server "

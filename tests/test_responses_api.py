@@ -513,3 +513,15 @@ def test_a_responses_snapshot_round_trips_and_a_bad_one_changes_nothing(tmp_path
         with pytest.raises(FormatError, match=field.replace("[", r"\[").replace("]", r"\]")):
             back.load(tmp_path / "bad.json")
         assert back.get("resp_a") is not None and len(back) == 2
+
+
+def test_a_responses_snapshot_is_not_written_again_while_nothing_changed(tmp_path):
+    store = ResponseStore(4)
+    store.put({"id": "resp_a", "output": []}, [{"role": "user", "content": "hi"}])
+    path = tmp_path / "r.json"
+    assert store.save(path) == 1
+    path.write_text("sentinel")  # any write would replace it
+    assert store.save(path) == 1 and path.read_text() == "sentinel"
+    assert store.save(tmp_path / "other.json") == 1  # another file is written
+    store.delete("resp_a")
+    assert store.save(path) == 0 and path.read_text() != "sentinel"

@@ -6,6 +6,7 @@
 - :mod:`.cbuild`: compile the C sources in ``csrc/`` into the user cache, keyed by their hash.
 - :mod:`.mlx_thread`: one thread for the MLX work of objects that several threads share.
 - :mod:`.heap`: give the C heap's free pages back to the OS (glibc's ``malloc_trim``).
+- :mod:`.atomic_file`: replace a JSON file so that no reader sees half of it.
 
 It imports only :mod:`nexus_mlx.errors` and knows nothing of models, caches or tools.
 """

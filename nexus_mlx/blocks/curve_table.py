@@ -27,14 +27,13 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 
+from nexus_mlx._platform.atomic_file import write_json
 from nexus_mlx.blocks.curve import Curve
 from nexus_mlx.errors import ArgumentError, FormatError
 from nexus_mlx.models.fingerprint import model_fingerprint
@@ -129,12 +128,4 @@ def store_curve(model: nn.Module, curve: Curve, *, source: str = "",
     table[model_fingerprint(model).weights_digest] = {
         "M": curve.M, "R_base": curve.R_base, "K": curve.K, "source": source}
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".curves-", suffix=".json", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_json(target, table, indent=1, sort_keys=True)

@@ -18,19 +18,19 @@ lists them: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``, n
 unless ``order="asc"``, at most ``limit`` (1-100, default 20) items after the item ``after``;
 a message's string content is listed as one text part, and every item has a ``status``. A bad
 ``limit``, ``order`` or an ``after`` that is no item of the response raises ArgumentError.
-``save(path)`` writes every stored response to a JSON file atomically (each item once, by its
-id, however many responses share it; least recently used first) and ``load(path)`` reads such a
-file back into the store (the newest ``max_responses``; a missing file loads nothing), so a
-server restarted with a session directory still continues ``previous_response_id``. A file that
-is not such a snapshot raises :class:`FormatError` naming the field, and the store is left as it
-was. Safe from any thread (one lock). It knows nothing about HTTP or generation.
+``save(path)`` writes every stored response to a JSON file atomically (each item once, by its id,
+however many responses share it; least recently used first), and writes nothing while no response
+was stored, deleted or loaded since its last save to that file; ``load(path)`` reads such a file
+back into the store (the newest ``max_responses``; a missing file loads nothing), so a server
+restarted with a session directory still continues ``previous_response_id``. A file that is not
+such a snapshot raises :class:`FormatError` naming the field, and the store is left as it was. Safe
+from any thread (one lock). It knows nothing about HTTP or generation.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import uuid
 from collections import OrderedDict
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nexus_mlx._platform.atomic_file import write_json
 from nexus_mlx.errors import ArgumentError, FormatError
 
 DEFAULT_MAX_RESPONSES = 1024
@@ -69,6 +70,8 @@ class ResponseStore:
         self.max_responses = max_responses
         self._stored: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
+        self._changes = 0  # puts, deletes and loads so far
+        self._saved: tuple[Path, int] | None = None  # the last save's file and changes then
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +85,7 @@ class ResponseStore:
         if not self.enabled:
             return
         with self._lock:
+            self._changes += 1
             self._stored[str(body["id"])] = StoredResponse(body, tuple(map(_with_id, items)))
             self._stored.move_to_end(str(body["id"]))
             while len(self._stored) > self.max_responses:
@@ -96,21 +100,22 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
+            self._changes += 1
             return self._stored.pop(response_id, None) is not None
 
     def save(self, path: str | os.PathLike[str]) -> int:
-        """Write the stored responses to ``path`` atomically; returns how many."""
+        """Write the stored responses to ``path`` atomically (not again while nothing changed
+        since the last save there); returns how many."""
+        target = Path(path)
         with self._lock:
+            if self._saved == (target, self._changes) and target.is_file():
+                return len(self._stored)
+            changes = self._changes
             items = {str(i["id"]): i for r in self._stored.values() for i in r.items}
             responses = [[r.body, [str(i["id"]) for i in r.items]] for r in self._stored.values()]
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": SNAPSHOT_FORMAT, "items": items, "responses": responses}, f)
-            os.replace(tmp, target)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        write_json(target, {"format": SNAPSHOT_FORMAT, "items": items, "responses": responses})
+        with self._lock:
+            self._saved = (target, changes)
         return len(responses)
 
     def load(self, path: str | os.PathLike[str]) -> int:
@@ -124,6 +129,7 @@ class ResponseStore:
             raise FormatError(f"{source} is not a readable responses snapshot: {exc}") from None
         loaded = _snapshot_entries(source, data)
         with self._lock:
+            self._changes += 1
             for body, items in loaded:
                 self._stored[str(body["id"])] = StoredResponse(body, items)
                 self._stored.move_to_end(str(body["id"]))

@@ -43,7 +43,6 @@ from nexus_mlx.server.engine import (
     Engine,
 )
 from nexus_mlx.server.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
-from nexus_mlx.server.session_store import checked_directory
 
 START_TIMEOUT_S = 30.0
 MIB = 1 << 20
@@ -89,16 +88,16 @@ class Server:
                                 f"{cache_budget_mib!r}")
         self.model_name, self.host, self._port, self._sock = model_name, host, port, sock
         self.responses = ResponseStore(max_stored_responses)
-        self.responses_file = (None if session_dir is None
-                               else checked_directory(session_dir) / RESPONSES_FILE)
-        self.responses_restored = self._load_responses()
         self.engine = Engine(model, tokenizer, policy=policy, budget=budget,
                              max_sessions=max_sessions, cache_budget=cache_budget_mib * MIB,
                              max_tokens=max_tokens, tool_blocks=tool_blocks,
                              heal_after_reply=heal_after_reply, guard=guard,
                              draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
                              idle_release_s=idle_release_s, session_dir=session_dir,
-                             on_idle=self._save_responses if session_dir is not None else None)
+                             on_idle=self._save_responses)
+        store = self.engine.store  # the checked session directory, its sessions restored
+        self.responses_file = None if store is None else store.directory / RESPONSES_FILE
+        self.responses_restored = self._load_responses()
         # workers wait on sessions and on the MLX thread; model work itself is serialised there
         self._executor = ThreadPoolExecutor(max_workers=max(8, 4 * max_sessions),
                                             thread_name_prefix="nexus-mlx-request")

@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ try:
 except ImportError:  # no flock (Windows): the directory is not locked
     fcntl = None  # type: ignore[assignment]
 
+from nexus_mlx._platform.atomic_file import write_json
 from nexus_mlx.agent.session import Session
 from nexus_mlx.agent.session_file import read_session, save_session
 from nexus_mlx.errors import ArgumentError, FormatError, ModelMismatchError
@@ -180,7 +180,7 @@ class SessionStore:
                 report.sessions += 1
                 report.rows += int(entry.session.cache.n_past)
         try:
-            self._write_index(names)
+            write_json(self.directory / INDEX, {"format": INDEX_FORMAT, "sessions": names})
         except OSError as exc:  # the old index still names files that exist: keep them all
             report.refused.append((INDEX, f"not saved: {exc.strerror or exc}"))
             return report
@@ -207,12 +207,3 @@ class SessionStore:
         self._files[entry.id] = (name, entry.requests)
         report.written += 1
         return name
-
-    def _write_index(self, names: list[str]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=INDEX, suffix=".partial", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": INDEX_FORMAT, "sessions": names}, f)
-            os.replace(tmp, self.directory / INDEX)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
