@@ -15,11 +15,12 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from nexus_mlx._platform.mlx_thread import MlxThread, mlx_thread, on_mlx_thread
+from nexus_mlx._platform.mlx_thread import MlxThread, blocking, mlx_thread, on_mlx_thread, run_steps
 
 SCRIPT = Path(__file__).resolve().parent / "thread_scenarios.py"
 
@@ -136,3 +137,100 @@ def test_the_decorator_uses_the_process_worker():
 
     assert where() == "nexus-mlx" and where.__name__ == "where"
     assert mlx_thread().run(where) == "nexus-mlx"
+
+
+# ---- generators of steps: concurrent drivers take turns ---------------------------------------
+def _steps(name: str, n: int, log: list[tuple[str, int]], fail_at: int | None = None):
+    for i in range(n):
+        if i == fail_at:
+            raise KeyError(name)
+        log.append((name, i))
+        yield
+    return f"{name} done on {threading.current_thread().name}"
+
+
+def _wait_for_queue(worker: MlxThread, size: int) -> None:
+    deadline = time.monotonic() + 30
+    while worker._queue.qsize() < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker._queue.qsize() >= size
+
+
+def test_drivers_take_turns_step_by_step_and_get_their_return_values():
+    worker = MlxThread("nexus-mlx-test")
+    gate, log, results = threading.Event(), [], {}
+    worker.submit(gate.wait, 30)  # holds the worker until both drivers have queued
+    drivers = [threading.Thread(target=lambda n=n, k=k: results.__setitem__(
+        n, worker.drive(_steps(n, k, log)))) for n, k in (("long", 6), ("short", 2))]
+    drivers[0].start()
+    _wait_for_queue(worker, 1)
+    drivers[1].start()
+    _wait_for_queue(worker, 2)
+    worker.submit(lambda: log.append(("call", 0)))  # a plain call queued behind both
+    gate.set()
+    for t in drivers:
+        t.join(30)
+    assert log[:5] == [("long", 0), ("short", 0), ("call", 0), ("long", 1), ("short", 1)]
+    assert [e for e in log if e[0] == "long"] == [("long", i) for i in range(6)]
+    assert results == {"long": "long done on nexus-mlx-test",
+                       "short": "short done on nexus-mlx-test"}
+    worker.stop()
+
+
+def test_a_failing_driver_raises_in_its_caller_and_the_others_go_on():
+    worker = MlxThread("nexus-mlx-test")
+    gate, log, outcome = threading.Event(), [], {}
+    worker.submit(gate.wait, 30)
+
+    def drive(name: str, fail_at: int | None) -> None:
+        try:
+            outcome[name] = worker.drive(_steps(name, 4, log, fail_at))
+        except KeyError as exc:
+            outcome[name] = exc
+
+    threads = [threading.Thread(target=drive, args=("bad", 2)),
+               threading.Thread(target=drive, args=("good", None))]
+    threads[0].start()
+    _wait_for_queue(worker, 1)
+    threads[1].start()
+    _wait_for_queue(worker, 2)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert isinstance(outcome["bad"], KeyError) and ("bad", 2) not in log
+    assert outcome["good"] == "good done on nexus-mlx-test" and len(log) == 6
+    assert worker.run(lambda: 3) == 3
+    worker.stop()
+
+
+def test_steps_run_inline_on_the_worker_and_when_it_stops_mid_way():
+    worker = MlxThread("nexus-mlx-test")
+    log: list[tuple[str, int]] = []
+    assert worker.run(lambda: worker.drive(_steps("inline", 3, log))).endswith("nexus-mlx-test")
+    assert run_steps(_steps("here", 2, log)) == f"here done on {threading.current_thread().name}"
+
+    def stopping_steps():
+        yield
+        worker.stop()  # on the worker: the remaining steps cannot be queued again
+        yield
+        yield
+        return "finished"
+
+    assert worker.drive(stopping_steps()) == "finished"
+    assert worker.run(lambda: 4) == 4  # a later call starts a new worker
+    worker.stop()
+
+
+def test_blocking_runs_a_generator_function_to_its_end_under_its_own_name():
+    class Counter:
+        def count_steps(self, n: int):
+            """Count to ``n``."""
+            for _ in range(n):
+                yield
+            return n
+
+        count = blocking(count_steps, "count")
+
+    assert Counter().count(3) == 3
+    assert Counter.count.__name__ == "count" and Counter.count.__doc__ == "Count to ``n``."
+    assert Counter.count.__qualname__.endswith("Counter.count")

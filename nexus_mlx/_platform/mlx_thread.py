@@ -4,7 +4,14 @@ Contract: :func:`run_on_mlx_thread` ``(fn, *args, **kwargs)`` runs ``fn`` on the
 thread and returns its result (or raises its exception) in the caller; calls run one at a time,
 in arrival order. A call made on the MLX thread itself runs inline, so decorated functions may
 call each other. :func:`submit_to_mlx_thread` queues a call the same way without waiting and
-returns its ``Future`` (any call queued after it runs after it). :func:`on_mlx_thread` is the same as a decorator. The thread is a daemon
+returns its ``Future`` (any call queued after it runs after it). :func:`on_mlx_thread` is the same
+as a decorator. :func:`drive_on_mlx_thread` ``(steps)`` runs a generator of steps there (a reply
+decoded token by token): one step per queued call, each queued again behind the calls that
+arrived while it ran, so concurrent drivers take turns step by step instead of one waiting for
+the other's whole run; it returns the generator's return value (or raises its exception) in the
+caller. On the MLX thread itself, or once the thread is stopping, the steps run inline to the
+end; :func:`run_steps` runs them so anywhere, and :func:`blocking` makes a generator function's
+blocking twin. The thread is a daemon
 started on first use; an ``atexit`` hook stops it after the calls already queued, and it calls
 ``mx.clear_streams()`` as its last act, so its MLX state is released while the interpreter is
 still alive. A call after that hook has run raises ``RuntimeError``. After ``os.fork`` the child
@@ -30,7 +37,7 @@ import functools
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
@@ -74,6 +81,46 @@ class MlxThread:
             except BaseException as exc:
                 future.set_exception(exc)
             return future
+        self._put(future, fn, args, kwargs)
+        return future
+
+    def drive(self, steps: Generator[Any, None, R]) -> R:
+        """Run ``steps`` on the worker one step per queued call, taking turns with the other
+        queued calls (module docstring); its return value, or its exception, here."""
+        if self.is_current():
+            return run_steps(steps)
+        done: Future[R] = Future()
+
+        def step() -> None:
+            try:
+                next(steps)
+            except StopIteration as end:
+                done.set_result(end.value)
+                return
+            except BaseException as exc:  # the generator has ended: the caller re-raises it
+                done.set_exception(exc)
+                return
+            if not self._requeue(step):  # the worker is stopping: finish here
+                try:
+                    done.set_result(run_steps(steps))
+                except BaseException as exc:
+                    done.set_exception(exc)
+
+        self._put(Future(), step, (), {})
+        return done.result()
+
+    def _requeue(self, fn: Callable[[], None]) -> bool:
+        """Queue ``fn`` behind the calls already queued, from the worker itself; False when
+        the worker is stopping (nothing queued now would run)."""
+        with self._lock:
+            if self._closed or self._thread is not threading.current_thread():
+                return False
+            self._queue.put((Future(), fn, (), {}))
+            return True
+
+    def _put(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> None:
+        """Queue one call, starting the worker when there is none."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(
@@ -87,7 +134,6 @@ class MlxThread:
                 )
                 self._thread.start()
             self._queue.put((future, fn, args, kwargs))
-        return future
 
     @staticmethod
     def _serve(tasks: queue.SimpleQueue[_Task | None]) -> None:
@@ -141,6 +187,34 @@ def run_on_mlx_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
 def submit_to_mlx_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
     """Queue ``fn(*args, **kwargs)`` on the MLX thread; return its future without waiting."""
     return _WORKER.submit(fn, *args, **kwargs)
+
+
+def drive_on_mlx_thread(steps: Generator[Any, None, R]) -> R:
+    """Run the generator ``steps`` on the MLX thread, a step per turn (module docstring), and
+    return its return value."""
+    return _WORKER.drive(steps)
+
+
+def run_steps(steps: Generator[Any, None, R]) -> R:
+    """Run the generator ``steps`` to its end here and return its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def blocking(steps: Callable[P, Generator[Any, None, R]], name: str) -> Callable[P, R]:
+    """A function named ``name`` that runs the generator ``steps(...)`` returns to its end (same
+    arguments and documentation) and returns its return value."""
+
+    @functools.wraps(steps)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return run_steps(steps(*args, **kwargs))
+
+    run.__name__ = name
+    run.__qualname__ = f"{steps.__qualname__.rpartition('.')[0]}.{name}".lstrip(".")
+    return run
 
 
 def on_mlx_thread(fn: Callable[P, R]) -> Callable[P, R]:
