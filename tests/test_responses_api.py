@@ -155,9 +155,10 @@ def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
 
     def broken(self, messages, tools=None, *, on_token=None, **options):
         on_token(0, "Hel")
+        yield  # the server decodes replies as steps (Session.generate_steps)
         raise RuntimeError("the model broke")
 
-    monkeypatch.setattr(Session, "generate", broken)
+    monkeypatch.setattr(Session, "generate_steps", broken)
     with client(server).responses.create(model="tiny", input="hi", stream=True) as stream:
         events = list(stream)
     assert [e.type for e in events][-2:] == ["error", "response.failed"]
@@ -166,7 +167,7 @@ def test_a_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
     monkeypatch.undo()
     assert healthy_after(server)
     with pytest.raises(openai.APIError, match="the model broke"):  # chat: an error chunk
-        monkeypatch.setattr(Session, "generate", broken)
+        monkeypatch.setattr(Session, "generate_steps", broken)
         list(client(server).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True))
 

@@ -13,12 +13,17 @@ many predicted ids the reply kept and dropped; a malformed prediction is refused
 Heap trimming: replies trim the C heap at most once per ``trim_heap_s`` (counted in
 ``/health``), not at all with None; a bad ``--trim-heap`` is refused by name. An idle server
 (``idle_release_s``) clears MLX's buffer cache and answers the same afterwards; its watcher
-ends with the server."""
+ends with the server.
+
+Interleaving: a short request sent while a long reply streams is answered between that reply's
+tokens (most of the long reply arrives after it), and gets the reply it gets alone; with
+``interleave=False`` it waits for the long reply's end."""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Any
 
 import jsonschema
@@ -37,6 +42,7 @@ from test_server import (  # noqa: E402
 )
 
 from nexus_mlx._platform import heap  # noqa: E402
+from nexus_mlx.models.tokenizer import eos_token_ids  # noqa: E402
 
 ASK = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}],
            max_tokens=8)  # the choices' request
@@ -221,3 +227,48 @@ def test_an_idle_server_gives_mlx_cache_back_and_answers_the_same_after(default_
         assert health["mlx_cache_bytes"] == 0 and health["idle_release_failures"] == 0, health
         assert c.chat.completions.create(**ASK).choices[0].message.content == first
     assert tiny_server.engine.idle is not None and tiny_server.engine.idle._watcher is None
+
+
+# ---- interleaving replies ----------------------------------------------------------------------
+LONG_TOKENS = 240
+
+
+def _chunks_after_a_short_request(server: Any, tokenizer: Any) -> tuple[int, int, str]:
+    """Stream a long reply (its end-of-turn ids banned), send a short request once its first
+    chunk is read: (long chunks read after the short reply came back, long chunks in all, the
+    short reply's text)."""
+    c = client(server)
+    no_end = {str(t): -100 for t in eos_token_ids(tokenizer)}
+    stream = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Write a long story."}],
+        max_tokens=LONG_TOKENS, logit_bias=no_end, stream=True)
+    short_done, short = threading.Event(), {}
+
+    def ask_short() -> None:
+        short["reply"] = client(server).chat.completions.create(**ASK)
+        short_done.set()
+
+    asker = threading.Thread(target=ask_short)
+    total = after = 0
+    for chunk in stream:
+        if not any(choice.delta.content for choice in chunk.choices):
+            continue
+        total += 1
+        after += short_done.is_set()
+        if total == 1:
+            asker.start()
+    asker.join(120)
+    return after, total, short["reply"].choices[0].message.content
+
+
+def test_a_short_request_is_answered_between_a_long_reply_s_tokens(default_model):
+    tiny = _tiny_llama(), default_model[1]
+    with running(*tiny, model_name="tiny") as server:
+        alone = client(server).chat.completions.create(**ASK).choices[0].message.content
+        after, total, text = _chunks_after_a_short_request(server, tiny[1])
+    assert total >= LONG_TOKENS // 2 and after > total // 2, (after, total)
+    assert text == alone
+    with running(*tiny, model_name="tiny", interleave=False) as server:
+        after, total, text = _chunks_after_a_short_request(server, tiny[1])
+    assert after < total // 2, (after, total)  # it waited for the long reply's end
+    assert text == alone

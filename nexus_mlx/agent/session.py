@@ -41,16 +41,16 @@ turn; :mod:`~nexus_mlx.agent.session_decode`: where the reply copies the convers
 a greedy id is picked by the model's certified head where it can prove it,
 :mod:`~nexus_mlx.decode.certified_head`, without the full output projection, the same reply
 sooner; ``certified_head=False`` turns it off); the reply's tokens stay cached, so the next
-request that carries the reply back is an append. Under policy ``exact`` every step's logits
-equal a fresh prefill's (fp32 rounding); under ``repair`` the reused block keeps the
-stale-context residual that its recomputed rows reduce.
+request that carries the reply back is an append. ``generate_steps`` / ``complete_steps`` are the
+same as generators that yield between tokens (a server lets concurrent replies take turns).
+Under policy ``exact`` every step's logits equal a fresh prefill's (fp32 rounding); under
+``repair`` the reused block keeps the stale-context residual that its recomputed rows reduce.
 
 Failure: a request that cannot be rendered, is empty, or would pass the model's context raises
 (:class:`ArgumentError`) before the cache is touched; an error during the cache operations
 restores the previous rows exactly (a repair builds new arrays, a re-encode saves the rows it
-overwrites). One re-entrant
-lock serialises the steps of a session; several sessions may share one loaded model. It does not
-route, call tools or parse their results (the agent loop does).
+overwrites). One re-entrant lock serialises the steps of a session; several sessions may share
+one loaded model. It does not route, call tools or parse their results (the agent loop does).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -66,17 +66,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from nexus_mlx._platform.mlx_thread import blocking
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
-from nexus_mlx.agent.session_decode import check_max_tokens, decode_turn
+from nexus_mlx.agent.session_decode import check_max_tokens, decode_turn, turn_reply
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.session_report import TokenLogprob as TokenLogprob  # re-exported
 from nexus_mlx.agent.tool_blocks import ToolBlocks
 from nexus_mlx.decode.call_format import (
-    ParsedTurn,
-    checked_calls,
-    grounded_calls,
     has_tool_turns,
     normalized_messages,
     renders_tools,
@@ -88,7 +86,7 @@ from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS, checked_draft_token
 from nexus_mlx.decode.prediction import Prediction, prediction_of
 from nexus_mlx.decode.restraint import DEFAULT_OPTIONAL_MARGIN
 from nexus_mlx.decode.tool_call import quoted_text
-from nexus_mlx.decode.turn_constraint import parsed_turn, turn_constraint
+from nexus_mlx.decode.turn_constraint import turn_constraint
 from nexus_mlx.errors import ArgumentError
 from nexus_mlx.kv.cache import MAX_POSITION, NexusCache
 from nexus_mlx.kv.regather import restore, snapshot
@@ -423,7 +421,7 @@ class Session:
             logits = self.editor.advance(token)
             return self.next_token_logits() if self._heal_before_close_call(logits) else logits
 
-    def generate(
+    def generate_steps(
         self,
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None = None,
@@ -441,7 +439,7 @@ class Session:
         logprobs: int | None = None,
         on_logprob: Callable[[TokenLogprob], None] | None = None,
         prediction: str | Sequence[int] | Prediction | None = None,
-    ) -> Reply:
+    ) -> Generator[None, None, Reply]:
         """Step to the request, then decode up to ``max_tokens`` ids (greedy by default) from
         the live cache under the turn's constraint (``tool_choice`` over ``tools``, or a
         ``response_format``), stopping at an end-of-turn id or a ``stop`` string (neither is
@@ -457,27 +455,22 @@ class Session:
         ``prediction`` (text, ids, or a fresh :class:`~nexus_mlx.decode.prediction.Prediction`
         to set its drafts' length): what the reply is expected to repeat, drafted ahead and
         verified: the same reply, sooner where it holds (``reply.drafts.predicted``,
-        ``.predicted_accepted``)."""
+        ``.predicted_accepted``). ``generate`` returns the reply; ``generate_steps`` is a
+        generator that yields between tokens and returns it (module docstring)."""
         check_max_tokens(max_tokens)
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
                                      response_format, self.eos_token_ids, optional_margin)
         calls = bool(tools and tool_choice != "none")  # whether the reply's text may hold calls
-        reply = decode_turn(self, lambda: self.step(messages, tools), constraint, calls,
-                            max_tokens, tuple(stop), sampler or greedy, tuple(logits_processors),
-                            on_token, logprobs, on_logprob,
-                            prediction_of(prediction, self.tokenizer))
-        parsed = (parsed_turn(reply.text, tools or (), constraint, reply.ended) if calls
-                  else ParsedTurn(reply.text.strip()))
-        parsed = checked_calls(parsed, tools or ())
-        if ground_optional and parsed.calls:
-            parsed = grounded_calls(parsed, tools or (), quoted_text(messages))
-        finish = reply.finish_reason
-        if parsed.calls:
-            finish = "tool_calls" if finish != "length" else finish
-        return replace(reply, finish_reason=finish, content=parsed.content,
-                       tool_calls=parsed.calls, call_errors=parsed.errors)
+        reply = yield from decode_turn(
+            self, lambda: self.step(messages, tools), constraint, calls, max_tokens, tuple(stop),
+            sampler or greedy, tuple(logits_processors), on_token, logprobs, on_logprob,
+            prediction_of(prediction, self.tokenizer))
+        return turn_reply(reply, tools or (), constraint, calls,
+                          quoted_text(messages) if ground_optional else None)
 
-    def complete(
+    generate = blocking(generate_steps, "generate")
+
+    def complete_steps(
         self,
         prompt_ids: Sequence[int] | np.ndarray,
         *,
@@ -488,13 +481,15 @@ class Session:
         on_token: Callable[[int, str], None] | None = None,
         logprobs: int | None = None,
         on_logprob: Callable[[TokenLogprob], None] | None = None,
-    ) -> Reply:
+    ) -> Generator[None, None, Reply]:
         """Step to the token ids as they are (no chat template: a raw completion) and continue
         them like :meth:`generate` without a turn's constraint, until an end-of-sequence id, a
         ``stop`` string or ``max_tokens``; ``reply.content`` is the text as generated (not
-        stripped), never read as calls."""
+        stripped), never read as calls; ``complete_steps`` yields between tokens."""
         check_max_tokens(max_tokens)
-        reply = decode_turn(self, lambda: self.step_ids(prompt_ids), None, False, max_tokens,
-                            tuple(stop), sampler or greedy, tuple(logits_processors), on_token,
-                            logprobs, on_logprob, None)
+        reply = yield from decode_turn(
+            self, lambda: self.step_ids(prompt_ids), None, False, max_tokens, tuple(stop),
+            sampler or greedy, tuple(logits_processors), on_token, logprobs, on_logprob, None)
         return replace(reply, content=reply.text)
+
+    complete = blocking(complete_steps, "complete")

@@ -1,11 +1,16 @@
 """The decode loop of :meth:`Session.generate <nexus_mlx.agent.session.Session.generate>` and
 :meth:`Session.complete <nexus_mlx.agent.session.Session.complete>`.
 
-Contract: ``decode_turn(session, step, ...)`` steps and decodes one reply under the session's lock
-and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings, log
-probabilities); ``decode_reply(session, constraint, max_tokens, stop, calls, sample, processors,
-on_token, start, score=None)`` decodes from the session's live cache, after a step, one token at a
-time under the turn's ``constraint`` (None: free text): the logits processors, then the
+Contract: ``decode_turn(session, step, ...)`` is a generator: it steps and decodes one reply under
+the session's lock and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings,
+log probabilities). It yields between decoding steps (a token, a run of forced ids, a heal), not
+before the first token (the step to the request and the first token are one run), so a caller
+may run other work between tokens
+(:func:`~nexus_mlx._platform.mlx_thread.drive_on_mlx_thread`: concurrent replies take turns) or
+run it to the end (:func:`~nexus_mlx._platform.mlx_thread.run_steps`). ``decode_reply(session,
+constraint, max_tokens, stop, calls, sample, processors, on_token, start, score=None)``, a generator
+too, decodes from the session's live cache, after a step, one token at a time under the turn's
+``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from exact
 logits), then the sampler and the constraint's restraint. Ids the constraint forces (a call's
 opener and closer, JSON the grammar leaves no choice over: ``constraint.forced()``) are taken
@@ -29,25 +34,30 @@ the request, an answer quoting a tool result) or follows its ``prediction``
 (:class:`~nexus_mlx.decode.prediction.Prediction`, drafted first) the copy is drafted and
 verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32
 rounding), and drafts not confirmed are dropped before the guard heals and when the loop ends.
-It holds no state of its own; ``decode_reply``'s caller holds the session's lock.
+``turn_reply(reply, tools, constraint, calls, grounding)`` reads a turn's reply as content and
+checked tool calls (optional arguments ``grounding``'s text does not support dropped; None: kept).
+It holds no state of its own; ``decode_reply``'s caller holds the session's lock (across the
+yields too: a session serves one reply at a time).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from nexus_mlx.agent.session_report import LogprobRecorder, Reply, StepReport, TokenLogprob
-from nexus_mlx.decode.call_format import cut_at_stop
+from nexus_mlx.decode.call_format import ParsedTurn, checked_calls, cut_at_stop, grounded_calls
 from nexus_mlx.decode.certified_head import HeadRow, full_logits
 from nexus_mlx.decode.generate import LogitsProcessor, greedy
 from nexus_mlx.decode.lookahead import Lookahead, LookaheadStats
 from nexus_mlx.decode.name_fsm import mask_logits, vocab_of
 from nexus_mlx.decode.prediction import Prediction
+from nexus_mlx.decode.turn_constraint import parsed_turn
 from nexus_mlx.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -68,7 +78,7 @@ def decode_turn(session: Session, step: Callable[[], StepReport], constraint: An
                 processors: tuple[LogitsProcessor, ...],
                 on_token: Callable[[int, str], None] | None, logprobs: int | None,
                 on_logprob: Callable[[TokenLogprob], None] | None,
-                prediction: Prediction | None) -> Reply:
+                prediction: Prediction | None) -> Generator[None, None, Reply]:
     """``step()`` (the session's step to the request), then :func:`decode_reply`, under the
     session's lock: the reply's text (end-of-turn id and stop string removed), ids, finish,
     report, timings, guarded rows, drafts and, with ``logprobs`` (alternatives per id), each
@@ -78,7 +88,7 @@ def decode_turn(session: Session, step: Callable[[], StepReport], constraint: An
     with session.lock:
         start = time.perf_counter()
         report = step()
-        out, finish, ttft, guarded, drafts = decode_reply(
+        out, finish, ttft, guarded, drafts = yield from decode_reply(
             session, constraint, max_tokens, stop, calls, sample, processors, on_token, start,
             score, prediction)
         decode_s = time.perf_counter() - start - ttft
@@ -88,12 +98,28 @@ def decode_turn(session: Session, step: Callable[[], StepReport], constraint: An
                  logprobs=None if score is None else score.scores)
 
 
+def turn_reply(reply: Reply, tools: Sequence[Mapping[str, Any]], constraint: Any, calls: bool,
+               grounding: str | None) -> Reply:
+    """``reply`` with its content, checked calls (grounded in ``grounding`` unless None), call
+    errors and finish reason (``"tool_calls"`` where it holds calls and was not cut short)."""
+    parsed = (parsed_turn(reply.text, tools, constraint, reply.ended) if calls
+              else ParsedTurn(reply.text.strip()))
+    parsed = checked_calls(parsed, tools)
+    if grounding is not None and parsed.calls:
+        parsed = grounded_calls(parsed, tools, grounding)
+    finish = reply.finish_reason
+    if parsed.calls and finish != "length":
+        finish = "tool_calls"
+    return replace(reply, finish_reason=finish, content=parsed.content, tool_calls=parsed.calls,
+                   call_errors=parsed.errors)
+
+
 def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple[str, ...],
                  calls: bool, sample: Sampler, processors: tuple[LogitsProcessor, ...],
                  on_token: Callable[[int, str], None] | None, start: float,
                  score: Callable[[mx.array, int], None] | None = None,
                  prediction: Prediction | None = None
-                 ) -> tuple[list[int], str, float, int, LookaheadStats]:
+                 ) -> Generator[None, None, tuple[list[int], str, float, int, LookaheadStats]]:
     """Decode one reply (module docstring)."""
     editor = session.editor
     lookahead = Lookahead(editor.advance_many, editor.drop, session.tokens,
@@ -101,8 +127,9 @@ def decode_reply(session: Session, constraint: Any, max_tokens: int, stop: tuple
                           room=lambda: session.max_positions - 1 - session.cache.n_past,
                           prediction=prediction)
     try:
-        return (*_decode(session, lookahead, constraint, max_tokens, stop, calls, sample,
-                         processors, on_token, start, score), lookahead.stats)
+        decoded = yield from _decode(session, lookahead, constraint, max_tokens, stop, calls,
+                                     sample, processors, on_token, start, score)
+        return (*decoded, lookahead.stats)
     finally:
         lookahead.close()  # the cache ends at the last id fed, as without drafts
 
@@ -112,13 +139,15 @@ def _decode(session: Session, lookahead: Lookahead, constraint: Any, max_tokens:
             processors: tuple[LogitsProcessor, ...],
             on_token: Callable[[int, str], None] | None, start: float,
             score: Callable[[mx.array, int], None] | None
-            ) -> tuple[list[int], str, float, int]:
+            ) -> Generator[None, None, tuple[list[int], str, float, int]]:
     nxt: Any = session.next_row()  # logits, or a certified head's row; raises when empty
     out: list[int] = []
     ttft, guarded = 0.0, 0
     proven = sample is greedy and not processors and score is None
     runs = FEED_FORCED_RUNS and constraint is not None and score is None
     while True:
+        if out:  # a turn for other work between tokens (the first comes with the step)
+            yield
         run = constraint.forced() if runs else []
         if run:  # ids the constraint leaves no choice over: no row read, one pass for all
             ttft = ttft if out else time.perf_counter() - start

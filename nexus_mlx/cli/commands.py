@@ -323,7 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         heal_after_reply=args.heal_after_reply, guard=guard,
                         draft_tokens=draft_tokens, max_stored_responses=stored,
                         trim_heap_s=trim_heap_s, idle_release_s=idle_release_s,
-                        session_dir=session_dir)
+                        session_dir=session_dir, interleave=not args.no_interleave)
     except BaseException:
         sock.close()
         raise

@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the live sessions across restarts: restore those saved in DIR "
                    "at start (files for another model or template are skipped), save the idle "
                    "ones that changed there when the server goes idle and at stop")
+    p.add_argument("--no-interleave", action="store_true",
+                   help="decode each reply to its end before the next request's turn; by "
+                   "default the replies being decoded take turns token by token, so a short "
+                   "request is not kept waiting behind a long reply")
 
     p = _add(sub, "convert", "write a model as an mlx-lm directory (safetensors, config.json, "
              "tokenizer files) that mlx_lm.load and mlx_lm.server load as the same model",

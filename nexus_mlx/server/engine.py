@@ -57,8 +57,12 @@ definitions are new to its session. Both calls block and are meant for worker th
 Every MLX computation, tokenizer call included, runs on the process's MLX thread
 (:mod:`nexus_mlx._platform.mlx_thread`), one at a time, in arrival order: requests on different
 sessions overlap in waiting, parsing and streaming, not in model evaluation, so each reply is the
-one a lone client would get. ``cancel_all()`` sets every in-flight request's cancel event (server
-shutdown). It knows nothing about HTTP.
+one a lone client would get. With ``interleave`` (the default) the replies being decoded take
+turns there token by token (:func:`~nexus_mlx._platform.mlx_thread.drive_on_mlx_thread`): a
+request that arrives while another reply is decoded has its prompt computed and its tokens
+decoded between that reply's tokens, rather than after its last one; ``interleave=False``
+decodes each reply to its end before the next request's turn. ``cancel_all()`` sets every
+in-flight request's cancel event (server shutdown). It knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +80,12 @@ import mlx.core as mx
 import numpy as np
 
 from nexus_mlx._platform.heap import HeapTrimmer
-from nexus_mlx._platform.mlx_thread import run_on_mlx_thread, submit_to_mlx_thread
+from nexus_mlx._platform.mlx_thread import (
+    drive_on_mlx_thread,
+    run_on_mlx_thread,
+    run_steps,
+    submit_to_mlx_thread,
+)
 from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.prompt_scoring import PromptScorer
 from nexus_mlx.agent.session import (
@@ -130,12 +139,12 @@ class Engine:
                  trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
                  idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S,
                  session_dir: str | os.PathLike[str] | None = None,
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None, interleave: bool = True) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
         self.policy, self.budget, self.guard = policy, budget, guard
-        self.draft_tokens = draft_tokens
+        self.draft_tokens, self.interleave = draft_tokens, bool(interleave)
         self.heal_after_reply = bool(heal_after_reply) and policy == "repair"
         try:
             self.trimmer = None if trim_heap_s is None else HeapTrimmer(trim_heap_s)
@@ -259,9 +268,11 @@ class Engine:
                 self._count_cancelled()
                 return None
             try:
-                reply, started, logprobs, scored = run_on_mlx_thread(
-                    self._generate, entry.session, prepared, on_text, cancel, on_logprob,
-                    choice)
+                steps = self._generate(entry.session, prepared, on_text, cancel, on_logprob,
+                                       choice)
+                reply, started, logprobs, scored = (
+                    drive_on_mlx_thread(steps) if self.interleave
+                    else run_on_mlx_thread(run_steps, steps))
             except CancelledError:
                 self._count_cancelled()
                 return None
@@ -331,8 +342,10 @@ class Engine:
     def _generate(self, session: Session, prepared: Prepared,
                   on_text: Callable[[str], None] | None, cancel: threading.Event,
                   on_logprob: Callable[[dict[str, Any]], None] | None, choice: int
-                  ) -> tuple[Any, float, list[dict[str, Any]] | None,
-                             list[dict[str, Any]] | None]:
+                  ) -> Generator[None, None, tuple[Any, float, list[dict[str, Any]] | None,
+                                                   list[dict[str, Any]] | None]]:
+        """The request's reply, decoded by the session as steps (a yield between tokens), with
+        when its first step began, its log probabilities and its scored prompt (MLX thread)."""
         started = time.perf_counter()
         if cancel.is_set():
             raise CancelledError("cancelled before it started")
@@ -362,9 +375,9 @@ class Engine:
             if scored is not None:
                 self._seed_from_scorer(session, prepared.ids)
                 self._bound_scorer()
-            reply = session.complete(prepared.ids, **options)
+            reply = yield from session.complete_steps(prepared.ids, **options)
         else:
-            reply = session.generate(
+            reply = yield from session.generate_steps(
                 r.messages, r.tools or None, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, response_format=r.response_format,
                 prediction=r.prediction, **options)

@@ -81,7 +81,8 @@ class Server:
                  max_stored_responses: int = DEFAULT_MAX_RESPONSES,
                  trim_heap_s: float | None = DEFAULT_TRIM_HEAP_S,
                  idle_release_s: float | None = DEFAULT_IDLE_RELEASE_S,
-                 session_dir: str | os.PathLike[str] | None = None) -> None:
+                 session_dir: str | os.PathLike[str] | None = None,
+                 interleave: bool = True) -> None:
         if isinstance(cache_budget_mib, bool) or not isinstance(cache_budget_mib, int) \
                 or cache_budget_mib < 0:
             raise ArgumentError(f"cache_budget_mib must be an integer >= 0, got "
@@ -94,7 +95,7 @@ class Server:
                              heal_after_reply=heal_after_reply, guard=guard,
                              draft_tokens=draft_tokens, trim_heap_s=trim_heap_s,
                              idle_release_s=idle_release_s, session_dir=session_dir,
-                             on_idle=self._save_responses)
+                             on_idle=self._save_responses, interleave=interleave)
         store = self.engine.store  # the checked session directory, its sessions restored
         self.responses_file = None if store is None else store.directory / RESPONSES_FILE
         self.responses_restored = self._load_responses()
