@@ -56,6 +56,7 @@ from report_agents import (
     rerank_choice_section,
     routing_levers_section,
     prompt_scoring_section,
+    server_interleave_section,
     session_restore_section,
     server_completions_section,
     server_memory_section,
@@ -160,6 +161,8 @@ BENCHES: tuple[Bench, ...] = (
           prompt_scoring_section, variants=True),
     Bench("session_restore", "Server restarts: sessions restored from --session-dir", AGENTS,
           session_restore_section, variants=True),
+    Bench("server_interleave", "Server: a short request during a long reply, interleaved",
+          AGENTS, server_interleave_section, variants=True),
     Bench("server_completions", "Completions API over HTTP vs mlx_lm.server: an edited "
           "document", AGENTS, server_completions_section, variants=True),
     Bench("agent_run", "Agent loop on live MCP servers (multi-step requests)", AGENTS,

@@ -359,6 +359,25 @@ def session_restore_section(d: dict[str, Any]) -> list[str]:
             ""] + table(["server", "follow-up TTFT ms [95% CI]", "cached tokens"], rows)
 
 
+def server_interleave_section(d: dict[str, Any]) -> list[str]:
+    """``server_interleave``: a short request during a long streamed reply, replies decoded
+    token by token in turns vs one at a time."""
+    rows = [[arm, _median_ci(get(d, arm, "short_ttft_ms"), ".0f"),
+             _median_ci(get(d, arm, "short_total_ms"), ".0f"),
+             _median_ci(get(d, arm, "long_total_ms"), ".0f")]
+            for arm in ("interleaved", "fifo")]
+    return [f"{fmt(d.get('trials'))} trials: a {fmt(d.get('long_tokens'))}-token reply "
+            f"streamed, and at its first text a new conversation (a HotpotQA paragraph and its "
+            f"question) answered in {fmt(d.get('short_tokens'))} tokens. One at a time / "
+            "interleaved, the short request's TTFT: "
+            f"{_median_ci(d.get('short_ttft_speedup'), '.2f')}, its whole time: "
+            f"{_median_ci(d.get('short_total_speedup'), '.2f')} (paired); the "
+            f"long reply takes {_median_ci(d.get('long_total_cost'), '.2f')} as long "
+            "interleaved. The same replies on both servers.",
+            ""] + table(["server", "short TTFT ms [95% CI]", "short whole ms",
+                         "long reply whole ms"], rows)
+
+
 def server_completions_section(d: dict[str, Any]) -> list[str]:
     """``server_completions``: raw completions of an edited document, ours vs mlx_lm.server."""
     rows = _by_class(mapping(d, "summary"), ("edit", "append"), lambda c: [

@@ -1,0 +1,164 @@
+"""Benchmark: a short request sent while a long reply streams, replies interleaved vs one at a time.
+
+Contract: ``python bench/server_interleave.py [--quick] [--model M] [--trials K] [--long N]
+[--tag T]``. Two servers over one loaded model: ``interleaved`` (the default: the replies being
+decoded take turns on the MLX thread token by token) and ``fifo`` (``interleave=False``: each
+reply to its end, in arrival order). Per trial and server (the order alternating per trial): a
+long reply is streamed (greedy, ``N`` tokens, end-of-turn ids banned by ``logit_bias`` so its
+length is fixed); when its first text arrives, a short request is sent from another thread: a new
+conversation (a HotpotQA paragraph and a question about it, from
+``../shared/data/multihop/hotpotqa_dev50.json``, a different one per trial), answered in
+``SHORT_TOKENS`` tokens, streamed. Timed with the ``openai`` client over loopback: the short
+request's TTFT (to its first text) and its whole time, from when it was sent; the long reply's
+whole time. Correctness first: each short reply equals the one its server gives to the same
+request alone (asked before the trials), and the long replies of both servers are the same text;
+the script exits otherwise. Reported: medians with bootstrap CIs per server, the paired ratios
+fifo / interleaved of the short request's TTFT and whole time (> 1: interleaving answers it
+sooner), and interleaved / fifo of the long reply's whole time (its cost: the same work, shared
+out differently). Writes ``results/server_interleave[_<tag>].json`` (``results/quick/`` with
+``--quick``), a PNG beside it, and prints the JSON as its last line.
+"""
+
+from __future__ import annotations
+
+from common import (  # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paired_ratio_ci,
+    shared_data,
+)
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import openai
+
+import plots
+from nexus_mlx import load
+from nexus_mlx.models.tokenizer import eos_token_ids
+from nexus_mlx.server import Server
+
+SHORT_TOKENS = 8
+LONG_ASK = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+ARMS = ("interleaved", "fifo")
+
+
+def short_asks(n: int) -> list[list[dict[str, str]]]:
+    """One new conversation per trial: a HotpotQA paragraph and its item's question."""
+    data = json.loads(shared_data("multihop", "hotpotqa_dev50.json").read_text())
+    out = []
+    for q in data[:n]:
+        title, sentences = q["context"][0]
+        out.append([{"role": "user", "content": f"{title}: {''.join(sentences)}\n\n"
+                                                f"Question: {q['question']}"}])
+    return out
+
+
+def stream(server: Server, messages: list[dict[str, str]], max_tokens: int,
+           **extra: Any) -> tuple[float, float, str]:
+    """(ms to the first text, ms to the end, text) of one streamed greedy request."""
+    c = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0, timeout=600)
+    start, first, text = time.perf_counter(), None, []
+    for chunk in c.chat.completions.create(model="m", messages=messages, stream=True,
+                                           max_tokens=max_tokens, temperature=0, **extra):
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:  # the first text (a first chunk only names the role)
+                first = (time.perf_counter() - start) * 1e3
+            text.append(chunk.choices[0].delta.content)
+    end = (time.perf_counter() - start) * 1e3
+    return (end if first is None else first), end, "".join(text)
+
+
+def trial(server: Server, short: list[dict[str, str]], long_tokens: int,
+          no_end: dict[str, int]) -> dict[str, Any]:
+    """The long reply streamed, the short request sent at its first text: both timed."""
+    c = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0, timeout=600)
+    out: dict[str, Any] = {}
+
+    def ask_short() -> None:
+        out["short_ttft"], out["short_total"], out["short_text"] = stream(
+            server, short, SHORT_TOKENS)
+
+    asker = threading.Thread(target=ask_short)
+    start, text = time.perf_counter(), []
+    for chunk in c.chat.completions.create(model="m", messages=LONG_ASK, stream=True,
+                                           max_tokens=long_tokens, temperature=0,
+                                           logit_bias=no_end):
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not text:
+                asker.start()
+            text.append(chunk.choices[0].delta.content)
+    out["long_total"] = (time.perf_counter() - start) * 1e3
+    out["long_text"] = "".join(text)
+    asker.join()
+    return out
+
+
+def draw(result: dict[str, Any], name: str, quick: bool) -> None:
+    plots.median_bars({arm: result[arm]["short_ttft_ms"] for arm in ARMS},
+                      "short request TTFT, ms (median, 95% CI)",
+                      f"{result['model_info']['spec']}: a short request during a "
+                      f"{result['long_tokens']}-token reply "
+                      f"({result['short_ttft_speedup'][0]:.1f}x)", name, quick)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__.splitlines()[0])
+    add_model_argument(parser)
+    parser.add_argument("--trials", type=int, default=12, help="trials per server")
+    parser.add_argument("--long", type=int, default=128, help="tokens of the long reply")
+    parser.add_argument("--tag", default="", help="suffix of the result's name")
+    args = parser.parse_args()
+    trials, long_tokens = (2, 32) if args.quick else (args.trials, args.long)
+    model, tokenizer = load(args.model)
+    no_end = {str(t): -100 for t in eos_token_ids(tokenizer)}
+    shorts = short_asks(trials)
+    options = dict(model_name="m", max_sessions=trials + 2, cache_budget_mib=8192,
+                   idle_release_s=None)
+    servers = {"interleaved": Server(model, tokenizer, **options).start(),
+               "fifo": Server(model, tokenizer, interleave=False, **options).start()}
+    try:
+        alone = {arm: [stream(s, short, SHORT_TOKENS)[2] for short in shorts]
+                 for arm, s in servers.items()}  # also the warm-up
+        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+        for k, short in enumerate(shorts):
+            for arm in (ARMS if k % 2 == 0 else ARMS[::-1]):
+                runs[arm].append(trial(servers[arm], short, long_tokens, no_end))
+                if runs[arm][-1]["short_text"] != alone[arm][k]:
+                    sys.exit(f"trial {k}, {arm}: the short reply differs from its reply alone")
+            if runs["interleaved"][-1]["long_text"] != runs["fifo"][-1]["long_text"]:
+                sys.exit(f"trial {k}: the long replies of the two servers differ")
+    finally:
+        for s in servers.values():
+            s.stop()
+    series = {arm: {key: [r[key] for r in runs[arm]]
+                    for key in ("short_ttft", "short_total", "long_total")} for arm in ARMS}
+    result: dict[str, Any] = {
+        **model_record(args.model, model), "trials": trials, "long_tokens": long_tokens,
+        "short_tokens": SHORT_TOKENS,
+        **{arm: {f"{key}_ms": median_ci(values) for key, values in series[arm].items()}
+           for arm in ARMS},
+        "short_ttft_speedup": paired_ratio_ci(series["fifo"]["short_ttft"],
+                                              series["interleaved"]["short_ttft"]),
+        "short_total_speedup": paired_ratio_ci(series["fifo"]["short_total"],
+                                               series["interleaved"]["short_total"]),
+        "long_total_cost": paired_ratio_ci(series["interleaved"]["long_total"],
+                                           series["fifo"]["long_total"]),
+        "trials_ms": series}
+    name = "server_interleave" + (f"_{args.tag}" if args.tag else "")
+    print(f"short TTFT {result['fifo']['short_ttft_ms'][0]:.0f} ms one at a time, "
+          f"{result['interleaved']['short_ttft_ms'][0]:.0f} ms interleaved "
+          f"({result['short_ttft_speedup'][0]:.2f}x); long reply "
+          f"{result['long_total_cost'][0]:.2f}x as long", flush=True)
+    draw(result, name, args.quick)
+    emit(name, result, args.quick)
+
+
+if __name__ == "__main__":
+    main()
