@@ -34,15 +34,13 @@ from common import (  # first: loads nexus_mlx + fast BLAS
 import json
 import sys
 import threading
-import time
 from typing import Any
-
-import openai
 
 import plots
 from nexus_mlx import load
 from nexus_mlx.models.tokenizer import eos_token_ids
 from nexus_mlx.server import Server
+from streaming import stream_chat
 
 SHORT_TOKENS = 8
 LONG_ASK = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
@@ -60,44 +58,22 @@ def short_asks(n: int) -> list[list[dict[str, str]]]:
     return out
 
 
-def stream(server: Server, messages: list[dict[str, str]], max_tokens: int,
-           **extra: Any) -> tuple[float, float, str]:
-    """(ms to the first text, ms to the end, text) of one streamed greedy request."""
-    c = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0, timeout=600)
-    start, first, text = time.perf_counter(), None, []
-    for chunk in c.chat.completions.create(model="m", messages=messages, stream=True,
-                                           max_tokens=max_tokens, temperature=0, **extra):
-        if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:  # the first text (a first chunk only names the role)
-                first = (time.perf_counter() - start) * 1e3
-            text.append(chunk.choices[0].delta.content)
-    end = (time.perf_counter() - start) * 1e3
-    return (end if first is None else first), end, "".join(text)
-
-
 def trial(server: Server, short: list[dict[str, str]], long_tokens: int,
           no_end: dict[str, int]) -> dict[str, Any]:
     """The long reply streamed, the short request sent at its first text: both timed."""
-    c = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0, timeout=600)
     out: dict[str, Any] = {}
 
     def ask_short() -> None:
-        out["short_ttft"], out["short_total"], out["short_text"] = stream(
-            server, short, SHORT_TOKENS)
+        done = stream_chat(server.base_url, short, SHORT_TOKENS)
+        out.update(short_ttft=done.first_ms, short_total=done.end_ms, short_text=done.text)
 
     asker = threading.Thread(target=ask_short)
-    start, text = time.perf_counter(), []
-    for chunk in c.chat.completions.create(model="m", messages=LONG_ASK, stream=True,
-                                           max_tokens=long_tokens, temperature=0,
-                                           logit_bias=no_end):
-        if chunk.choices and chunk.choices[0].delta.content:
-            if not text:
-                asker.start()
-            text.append(chunk.choices[0].delta.content)
-    out["long_total"] = (time.perf_counter() - start) * 1e3
-    out["long_text"] = "".join(text)
+    long = stream_chat(server.base_url, LONG_ASK, long_tokens, on_first=asker.start,
+                       logit_bias=no_end)
+    if asker.ident is None:
+        sys.exit("the long reply streamed no text")
     asker.join()
-    return out
+    return {**out, "long_total": long.end_ms, "long_text": long.text}
 
 
 def draw(result: dict[str, Any], name: str, quick: bool) -> None:
@@ -124,7 +100,7 @@ def main() -> None:
     servers = {"interleaved": Server(model, tokenizer, **options).start(),
                "fifo": Server(model, tokenizer, interleave=False, **options).start()}
     try:
-        alone = {arm: [stream(s, short, SHORT_TOKENS)[2] for short in shorts]
+        alone = {arm: [stream_chat(s.base_url, short, SHORT_TOKENS).text for short in shorts]
                  for arm, s in servers.items()}  # also the warm-up
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
         for k, short in enumerate(shorts):

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openai
 
 import plots
 from nexus_mlx import load
 from nexus_mlx.server import Server
+from streaming import stream_chat
 
 ANSWER_TOKENS = 8
 FOLLOW_UP = "Now give only the answer, in as few words as you can."
@@ -60,20 +60,10 @@ def conversations(n: int) -> list[list[dict[str, str]]]:
 
 def ask(server: Server, messages: list[dict[str, str]]) -> tuple[float, str, int]:
     """(TTFT ms, text, cached prompt tokens) of one streamed greedy request."""
-    c = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0, timeout=600)
-    start, ttft, text, cached = time.perf_counter(), None, [], 0
-    for chunk in c.chat.completions.create(model="m", messages=messages, stream=True,
-                                           max_tokens=ANSWER_TOKENS, temperature=0,
-                                           stream_options={"include_usage": True}):
-        if chunk.choices and chunk.choices[0].delta.content:
-            if ttft is None:  # the first text (a first chunk only names the role)
-                ttft = (time.perf_counter() - start) * 1e3
-            text.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens
-    if ttft is None:  # no text at all: the whole reply's time
-        ttft = (time.perf_counter() - start) * 1e3
-    return ttft, "".join(text), cached
+    done = stream_chat(server.base_url, messages, ANSWER_TOKENS,
+                       stream_options={"include_usage": True})
+    cached = 0 if done.usage is None else done.usage.prompt_tokens_details.cached_tokens
+    return done.first_ms, done.text, cached
 
 
 def draw(result: dict[str, Any], name: str, quick: bool) -> None:
