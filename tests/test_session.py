@@ -600,3 +600,55 @@ def test_copy_prefix_refuses_another_model_s_cache_or_rows_it_lacks(model):
         with pytest.raises(ArgumentError, match="rows must be an integer in"):
             s.copy_prefix(donor, rows)
     assert live_snapshot(s.cache) == state
+
+
+# ---- a long append in turns ---------------------------------------------------------------------
+def _turns(gen) -> tuple[int, object]:
+    """(yields, return value) of a generator of turns run to its end."""
+    count = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as end:
+            return count, end.value
+        count += 1
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 64 rows in the packed pass and in the turns (both read the same constant)."""
+    monkeypatch.setattr(editor_module, "PREFILL_CHUNK", 64)
+    monkeypatch.setattr(decode_module, "PREFILL_CHUNK", 64)
+
+
+def test_a_long_append_takes_a_turn_per_chunk_and_computes_the_same_rows(model, small_chunks):
+    ids = np.random.default_rng(11).integers(0, VOCAB, 300)
+    whole, turned = (Session(model, None, allocator="dense_tokens") for _ in range(2))
+    for s in (whole, turned):
+        s.step_ids(ids[:40])
+    expected = whole.step_ids(ids)
+    yields, report = _turns(decode_module.step_in_turns(turned, ids, None))
+    assert yields == 4  # turns end at rows 104, 168, 232 and 296; the step computes the rest
+    assert live_snapshot(turned.cache) == live_snapshot(whole.cache)  # the same forward calls
+    assert np.array_equal(np.array(turned.next_token_logits()),
+                          np.array(whole.next_token_logits()))
+    assert (report.path, report.reused, report.computed, report.deleted) == \
+        (expected.path, expected.reused, expected.computed, expected.deleted) == \
+        ("append", 40, 260, 0)
+    assert "prefilled in 5 turns" in report.reason
+
+
+def test_no_turns_where_rows_are_stale_or_the_request_is_refused(model, small_chunks):
+    h = HISTORY.tolist()
+    s = Session(model, None, budget=5.0, allocator="dense_tokens", min_reuse=16)
+    s.step_ids(h)
+    s.step_ids(h[:40] + h[70:])  # a deletion repaired on a budget: stale rows remain
+    assert s.stale_rows > 0
+    longer = h[:40] + h[70:] + np.random.default_rng(3).integers(0, VOCAB, 200).tolist()
+    yields, report = _turns(decode_module.step_in_turns(s, longer, None))
+    assert yields == 0 and report.path == "append" and report.computed == 200
+    state = live_snapshot(s.cache)
+    for bad in (longer + [VOCAB], np.zeros(5000, np.int64)):  # checked before any turn
+        with pytest.raises(ArgumentError):
+            next(decode_module.step_in_turns(s, bad, None))
+        assert live_snapshot(s.cache) == state

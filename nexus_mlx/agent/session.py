@@ -28,9 +28,9 @@ step recomputes it: every later step under policy ``repair`` (appends included) 
 that step's tokens, so a conversation heals as it goes; :attr:`Session.stale_rows` counts them.
 The close-call guard (``guard`` nats, :data:`DEFAULT_GUARD` by default; 0 or None turns it off)
 never lets a close call be decided on stale rows: when rows are stale and the next token's top
-two logits are within ``guard`` of each other (after a step, after each decoded token, and in
-``generate`` under the turn's constraint), every stale row is healed first in one pass, and the
-token is chosen from exact logits (``StepReport.guarded`` / ``Reply.guarded`` count the rows).
+two logits (after a step or a decoded token; under the turn's constraint) are within ``guard``
+of each other, every stale row is healed first in one pass and the token is chosen from exact
+logits (``StepReport.guarded`` / ``Reply.guarded`` count the rows).
 
 Every step returns a :class:`StepReport` (tokens reused / spliced / repaired / computed /
 deleted, the path and why, seconds per stage; with ``debug=True`` also the next-token KL and
@@ -41,16 +41,17 @@ turn; :mod:`~nexus_mlx.agent.session_decode`: where the reply copies the convers
 a greedy id is picked by the model's certified head where it can prove it,
 :mod:`~nexus_mlx.decode.certified_head`, without the full output projection, the same reply
 sooner; ``certified_head=False`` turns it off); the reply's tokens stay cached, so the next
-request that carries the reply back is an append. ``generate_steps`` / ``complete_steps`` are the
-same as generators that yield between tokens (a server lets concurrent replies take turns).
-Under policy ``exact`` every step's logits equal a fresh prefill's (fp32 rounding); under
-``repair`` the reused block keeps the stale-context residual that its recomputed rows reduce.
+request that carries the reply back is an append. ``generate_steps`` / ``complete_steps``: the
+same as generators of turns (they yield between tokens; a long append to an exact cache takes a
+turn per chunk, :func:`~nexus_mlx.agent.session_decode.step_in_turns`). Under policy ``exact``
+every step's logits equal a prefill's (fp32 rounding); under ``repair`` the reused block keeps
+the stale-context residual that its recomputed rows reduce.
 
 Failure: a request that cannot be rendered, is empty, or would pass the model's context raises
 (:class:`ArgumentError`) before the cache is touched; an error during the cache operations
 restores the previous rows exactly (a repair builds new arrays, a re-encode saves the rows it
-overwrites). One re-entrant lock serialises the steps of a session; several sessions may share
-one loaded model. It does not route, call tools or parse their results (the agent loop does).
+overwrites). One re-entrant lock serialises a session's steps; sessions may share one model.
+It does not route, call tools or parse their results (the agent loop does).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ import numpy as np
 from nexus_mlx._platform.mlx_thread import blocking
 from nexus_mlx.agent.alignment import EditPlan, check_min_reuse, plan_edit
 from nexus_mlx.agent.cache_editor import CacheEditor, Fill
-from nexus_mlx.agent.session_decode import check_max_tokens, decode_turn, turn_reply
+from nexus_mlx.agent.session_decode import check_max_tokens, decode_turn, step_in_turns, turn_reply
 from nexus_mlx.agent.session_report import Reply as Reply  # re-exported
 from nexus_mlx.agent.session_report import StepReport as StepReport  # re-exported
 from nexus_mlx.agent.session_report import TokenLogprob as TokenLogprob  # re-exported
@@ -247,15 +248,7 @@ class Session:
                  tools: Sequence[Mapping[str, Any]] | None = None) -> StepReport:
         """:meth:`step` on token ids already rendered (``tools``: the request's tools, whose
         compiled blocks may be spliced when the session has :attr:`blocks`)."""
-        new = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if new.size == 0:
-            raise ArgumentError("the request renders to no tokens")
-        if new.size > self.max_positions:
-            raise ArgumentError(f"the request is {new.size} tokens; the model's context holds "
-                                f"{self.max_positions}")
-        vocab = model_plan(self.model).vocab_size
-        if new.min() < 0 or new.max() >= vocab:
-            raise ArgumentError(f"token ids must be in [0, {vocab})")
+        new = self.checked_ids(ids)
         with self.lock:
             plan = plan_edit(self.tokens, new, self.min_reuse)
             report = self._apply(plan, new, [dict(t) for t in tools or ()])
@@ -268,6 +261,19 @@ class Session:
             if self.debug:
                 self._compare_with_prefill(new, report)
             return report
+
+    def checked_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``ids`` as int64, or ArgumentError: none, more than the context, outside the vocab."""
+        new = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if new.size == 0:
+            raise ArgumentError("the request renders to no tokens")
+        if new.size > self.max_positions:
+            raise ArgumentError(f"the request is {new.size} tokens; the model's context holds "
+                                f"{self.max_positions}")
+        vocab = model_plan(self.model).vocab_size
+        if new.min() < 0 or new.max() >= vocab:
+            raise ArgumentError(f"token ids must be in [0, {vocab})")
+        return new
 
     def _apply(self, plan: EditPlan, new: np.ndarray, tools: list[dict[str, Any]]
                ) -> StepReport:
@@ -455,16 +461,15 @@ class Session:
         ``prediction`` (text, ids, or a fresh :class:`~nexus_mlx.decode.prediction.Prediction`
         to set its drafts' length): what the reply is expected to repeat, drafted ahead and
         verified: the same reply, sooner where it holds (``reply.drafts.predicted``,
-        ``.predicted_accepted``). ``generate`` returns the reply; ``generate_steps`` is a
-        generator that yields between tokens and returns it (module docstring)."""
+        ``.predicted_accepted``). ``generate_steps``: the same as turns (module docstring)."""
         check_max_tokens(max_tokens)
         constraint = turn_constraint(self.tokenizer, tools or (), tool_choice, parallel_tool_calls,
                                      response_format, self.eos_token_ids, optional_margin)
         calls = bool(tools and tool_choice != "none")  # whether the reply's text may hold calls
         reply = yield from decode_turn(
-            self, lambda: self.step(messages, tools), constraint, calls, max_tokens, tuple(stop),
-            sampler or greedy, tuple(logits_processors), on_token, logprobs, on_logprob,
-            prediction_of(prediction, self.tokenizer))
+            self, lambda: step_in_turns(self, self.render(messages, tools), tools), constraint,
+            calls, max_tokens, tuple(stop), sampler or greedy, tuple(logits_processors),
+            on_token, logprobs, on_logprob, prediction_of(prediction, self.tokenizer))
         return turn_reply(reply, tools or (), constraint, calls,
                           quoted_text(messages) if ground_optional else None)
 
@@ -482,14 +487,14 @@ class Session:
         logprobs: int | None = None,
         on_logprob: Callable[[TokenLogprob], None] | None = None,
     ) -> Generator[None, None, Reply]:
-        """Step to the token ids as they are (no chat template: a raw completion) and continue
-        them like :meth:`generate` without a turn's constraint, until an end-of-sequence id, a
-        ``stop`` string or ``max_tokens``; ``reply.content`` is the text as generated (not
-        stripped), never read as calls; ``complete_steps`` yields between tokens."""
+        """Step to raw token ids (no chat template) and continue them as :meth:`generate` does
+        without a turn's constraint; ``reply.content`` is the text as generated (not stripped),
+        never read as calls. ``complete_steps``: the same as turns."""
         check_max_tokens(max_tokens)
         reply = yield from decode_turn(
-            self, lambda: self.step_ids(prompt_ids), None, False, max_tokens, tuple(stop),
-            sampler or greedy, tuple(logits_processors), on_token, logprobs, on_logprob, None)
+            self, lambda: step_in_turns(self, prompt_ids, None), None, False, max_tokens,
+            tuple(stop), sampler or greedy, tuple(logits_processors), on_token, logprobs,
+            on_logprob, None)
         return replace(reply, content=reply.text)
 
     complete = blocking(complete_steps, "complete")

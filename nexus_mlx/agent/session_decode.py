@@ -34,7 +34,12 @@ the request, an answer quoting a tool result) or follows its ``prediction``
 (:class:`~nexus_mlx.decode.prediction.Prediction`, drafted first) the copy is drafted and
 verified, several ids per forward pass; the ids chosen are those of one-id steps (up to float32
 rounding), and drafts not confirmed are dropped before the guard heals and when the loop ends.
-``turn_reply(reply, tools, constraint, calls, grounding)`` reads a turn's reply as content and
+``step_in_turns(session, ids, tools)`` is ``session.step_ids(ids, tools)`` as a generator: a long
+append to an exact cache (no stale rows, no tool blocks to splice, no debug comparison) is
+prefilled one :data:`~nexus_mlx.agent.cache_editor.PREFILL_CHUNK` of rows per turn, a yield
+between, through the same forward calls as one step (the same rows and logits); the report counts
+every row the request computed. ``turn_reply(reply, tools, constraint, calls, grounding)`` reads a
+turn's reply as content and
 checked tool calls (optional arguments ``grounding``'s text does not support dropped; None: kept).
 It holds no state of its own; ``decode_reply``'s caller holds the session's lock (across the
 yields too: a session serves one reply at a time).
@@ -50,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from nexus_mlx.agent.alignment import plan_edit
+from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
 from nexus_mlx.agent.session_report import LogprobRecorder, Reply, StepReport, TokenLogprob
 from nexus_mlx.decode.call_format import ParsedTurn, checked_calls, cut_at_stop, grounded_calls
 from nexus_mlx.decode.certified_head import HeadRow, full_logits
@@ -73,7 +80,8 @@ def check_max_tokens(max_tokens: Any) -> None:
         raise ArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 
-def decode_turn(session: Session, step: Callable[[], StepReport], constraint: Any, calls: bool,
+def decode_turn(session: Session, step: Callable[[], Generator[None, None, StepReport]],
+                constraint: Any, calls: bool,
                 max_tokens: int, stop: tuple[str, ...], sample: Sampler,
                 processors: tuple[LogitsProcessor, ...],
                 on_token: Callable[[int, str], None] | None, logprobs: int | None,
@@ -87,7 +95,7 @@ def decode_turn(session: Session, step: Callable[[], StepReport], constraint: An
         logprobs, vocab_of(session.tokenizer).size, on_logprob)
     with session.lock:
         start = time.perf_counter()
-        report = step()
+        report = yield from step()
         out, finish, ttft, guarded, drafts = yield from decode_reply(
             session, constraint, max_tokens, stop, calls, sample, processors, on_token, start,
             score, prediction)
@@ -96,6 +104,44 @@ def decode_turn(session: Session, step: Callable[[], StepReport], constraint: An
     return Reply(cut_at_stop(text, stop, calls), out, finish, report, ttft, decode_s,
                  guarded=guarded, drafts=drafts,
                  logprobs=None if score is None else score.scores)
+
+
+def step_in_turns(session: Session, ids: Sequence[int] | np.ndarray,
+                  tools: Sequence[Mapping[str, Any]] | None) -> Generator[None, None, StepReport]:
+    """``session.step_ids(ids, tools)``, a long append in turns (module docstring). The request
+    is checked before the first turn; a failure in a later turn leaves the earlier turns' rows
+    (exact rows of a prefix of the request) and restores the rest as a step does."""
+    ids = session.checked_ids(ids)
+    ends = _append_turns(session, ids, tools)
+    start, computed, packed = time.perf_counter(), 0, 0.0
+    for end in ends:
+        report = session.step_ids(ids[:end])
+        computed += report.computed
+        packed += report.timings.get("packed_pass", 0.0)
+        yield
+    report = session.step_ids(ids, tools)
+    if ends:
+        report.reused -= computed
+        report.computed += computed
+        report.timings["packed_pass"] = report.timings.get("packed_pass", 0.0) + packed
+        report.timings["total"] = time.perf_counter() - start
+        report.reason += f"; prefilled in {len(ends) + 1} turns of up to {PREFILL_CHUNK} rows"
+    return report
+
+
+def _append_turns(session: Session, ids: np.ndarray,
+                  tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+    """Where the turns before the last end (the packed pass's own chunk boundaries); none
+    unless the step is an append of more than one chunk to an exact cache that splices
+    nothing and is not compared with a prefill."""
+    if session.debug or (tools and session.blocks is not None and session.policy == "repair"):
+        return []
+    if session.editor.inexact_rows().size:
+        return []
+    plan = plan_edit(session.tokens, ids, session.min_reuse)
+    if plan.kind != "append":
+        return []
+    return list(range(plan.prefix + PREFILL_CHUNK, ids.size, PREFILL_CHUNK))
 
 
 def turn_reply(reply: Reply, tools: Sequence[Mapping[str, Any]], constraint: Any, calls: bool,
