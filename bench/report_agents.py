@@ -366,8 +366,11 @@ def server_interleave_section(d: dict[str, Any]) -> list[str]:
              _median_ci(get(d, arm, "short_total_ms"), ".0f"),
              _median_ci(get(d, arm, "long_total_ms"), ".0f")]
             for arm in ("interleaved", "fifo")]
+    sent = (f"{fmt(d.get('send_after_s'))} s after a new "
+            f"{fmt(d.get('long_prompt_tokens'), '.0f')}-token document was sent, during its "
+            "prefill," if d.get("during_prefill") else "at its first text")
     return [f"{fmt(d.get('trials'))} trials: a {fmt(d.get('long_tokens'))}-token reply "
-            f"streamed, and at its first text a new conversation (a HotpotQA paragraph and its "
+            f"streamed, and {sent} a new conversation (a HotpotQA paragraph and its "
             f"question) answered in {fmt(d.get('short_tokens'))} tokens. One at a time / "
             "interleaved, the short request's TTFT: "
             f"{_median_ci(d.get('short_ttft_speedup'), '.2f')}, its whole time: "
