@@ -4,12 +4,12 @@
 Contract: ``decode_turn(session, step, ...)`` is a generator: it steps and decodes one reply under
 the session's lock and returns it as a :class:`~.session_report.Reply` (text, ids, finish, timings,
 log probabilities). It yields between decoding steps (a token, a run of forced ids, a heal), not
-before the first token (the step to the request and the first token are one run), so a caller
-may run other work between tokens
-(:func:`~nexus_mlx._platform.mlx_thread.drive_on_mlx_thread`: concurrent replies take turns) or
-run it to the end (:func:`~nexus_mlx._platform.mlx_thread.run_steps`). ``decode_reply(session,
-constraint, max_tokens, stop, calls, sample, processors, on_token, start, score=None)``, a generator
-too, decodes from the session's live cache, after a step, one token at a time under the turn's
+before the first token (the step's last turn and the first token are one run), so a caller may
+run other work between tokens (:func:`~nexus_mlx._platform.mlx_thread.drive_on_mlx_thread`:
+concurrent replies take turns) or run it to the end
+(:func:`~nexus_mlx._platform.mlx_thread.run_steps`). ``decode_reply(session, constraint,
+max_tokens, stop, calls, sample, processors, on_token, start, score=None)``, a generator too,
+decodes from the session's live cache, after a step, one token at a time under the turn's
 ``constraint`` (None: free text): the logits processors, then the
 constraint's mask, then the close-call guard (stale rows healed first, the token chosen from exact
 logits), then the sampler and the constraint's restraint. Ids the constraint forces (a call's
@@ -38,9 +38,9 @@ rounding), and drafts not confirmed are dropped before the guard heals and when 
 append to an exact cache (no stale rows, no tool blocks to splice, no debug comparison) is
 prefilled one :data:`~nexus_mlx.agent.cache_editor.PREFILL_CHUNK` of rows per turn, a yield
 between, through the same forward calls as one step (the same rows and logits); the report counts
-every row the request computed. ``turn_reply(reply, tools, constraint, calls, grounding)`` reads a
-turn's reply as content and
-checked tool calls (optional arguments ``grounding``'s text does not support dropped; None: kept).
+every row the request computed. ``turn_reply(reply, tools, constraint, calls, grounding)`` reads
+a turn's reply as content and checked tool calls (optional arguments ``grounding``'s text does
+not support dropped; None: kept).
 It holds no state of its own; ``decode_reply``'s caller holds the session's lock (across the
 yields too: a session serves one reply at a time).
 """
@@ -87,10 +87,11 @@ def decode_turn(session: Session, step: Callable[[], Generator[None, None, StepR
                 on_token: Callable[[int, str], None] | None, logprobs: int | None,
                 on_logprob: Callable[[TokenLogprob], None] | None,
                 prediction: Prediction | None) -> Generator[None, None, Reply]:
-    """``step()`` (the session's step to the request), then :func:`decode_reply`, under the
-    session's lock: the reply's text (end-of-turn id and stop string removed), ids, finish,
-    report, timings, guarded rows, drafts and, with ``logprobs`` (alternatives per id), each
-    id's :class:`TokenLogprob`; its content and calls are the caller's to read."""
+    """``step()`` (the session's step to the request, as turns: :func:`step_in_turns`), then
+    :func:`decode_reply`, under the session's lock: the reply's text (end-of-turn id and stop
+    string removed), ids, finish, report, timings, guarded rows, drafts and, with ``logprobs``
+    (alternatives per id), each id's :class:`TokenLogprob`; its content and calls are the
+    caller's to read."""
     score = None if logprobs is None else LogprobRecorder(
         logprobs, vocab_of(session.tokenizer).size, on_logprob)
     with session.lock:
