@@ -230,7 +230,7 @@ def test_an_idle_server_gives_mlx_cache_back_and_answers_the_same_after(default_
 
 
 # ---- interleaving replies ----------------------------------------------------------------------
-LONG_TOKENS = 240
+LONG_TOKENS = 600  # long enough that the short request arrives well before its middle
 
 
 def _chunks_after_a_short_request(server: Any, tokenizer: Any) -> tuple[int, int, str]:
