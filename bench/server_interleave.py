@@ -53,9 +53,8 @@ LONG_ASK = [{"role": "user", "content": "Write a long story about a lighthouse k
 ARMS = ("interleaved", "fifo")
 
 
-def short_asks(n: int) -> list[list[dict[str, str]]]:
+def short_asks(data: list[dict[str, Any]], n: int) -> list[list[dict[str, str]]]:
     """One new conversation per trial: a HotpotQA paragraph and its item's question."""
-    data = json.loads(shared_data("multihop", "hotpotqa_dev50.json").read_text())
     out = []
     for q in data[:n]:
         title, sentences = q["context"][0]
@@ -64,10 +63,9 @@ def short_asks(n: int) -> list[list[dict[str, str]]]:
     return out
 
 
-def long_document(k: int, words: int) -> list[dict[str, str]]:
+def long_document(data: list[dict[str, Any]], k: int, words: int) -> list[dict[str, str]]:
     """Trial ``k``'s long request: about ``words`` words of HotpotQA paragraphs, a new
     document each trial (its first line differs), to summarise."""
-    data = json.loads(shared_data("multihop", "hotpotqa_dev50.json").read_text())
     text = " ".join(f"{title}: {''.join(sentences)}" for q in data[k:] + data[:k]
                     for title, sentences in q["context"]).split()[:words]
     return [{"role": "user", "content": f"Document {k}.\n\n{' '.join(text)}\n\n"
@@ -118,11 +116,12 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the result's name")
     args = parser.parse_args()
     trials, long_tokens = (2, 32) if args.quick else (args.trials, args.long)
-    longs = [long_document(k, args.long_prompt) if args.long_prompt else LONG_ASK
+    data = json.loads(shared_data("multihop", "hotpotqa_dev50.json").read_text())
+    shorts = short_asks(data, trials)
+    longs = [long_document(data, k, args.long_prompt) if args.long_prompt else LONG_ASK
              for k in range(trials)]
     model, tokenizer = load(args.model)
     no_end = {str(t): -100 for t in eos_token_ids(tokenizer)}
-    shorts = short_asks(trials)
     options = dict(model_name="m", max_sessions=trials + 2, cache_budget_mib=8192,
                    idle_release_s=None)
     servers = {"interleaved": Server(model, tokenizer, **options).start(),

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
-from nexus_mlx.agent.alignment import plan_edit
+from nexus_mlx.agent.alignment import common_prefix
 from nexus_mlx.agent.cache_editor import PREFILL_CHUNK
 from nexus_mlx.agent.session_report import LogprobRecorder, Reply, StepReport, TokenLogprob
 from nexus_mlx.decode.call_format import ParsedTurn, checked_calls, cut_at_stop, grounded_calls
@@ -132,14 +132,14 @@ def _append_turns(session: Session, ids: np.ndarray,
     """Where the turns before the last end (the packed pass's own chunk boundaries); none
     unless the step is an append of more than one chunk to an exact cache that splices
     nothing and is not compared with a prefill."""
-    if session.debug or (tools and session.blocks is not None and session.policy == "repair"):
+    cached = session.tokens
+    if ids.size - cached.size <= PREFILL_CHUNK or session.debug:
         return []
-    if session.editor.inexact_rows().size:
+    if tools and session.blocks is not None and session.policy == "repair":
         return []
-    plan = plan_edit(session.tokens, ids, session.min_reuse)
-    if plan.kind != "append":
-        return []
-    return list(range(plan.prefix + PREFILL_CHUNK, ids.size, PREFILL_CHUNK))
+    if common_prefix(cached, ids) < cached.size or session.editor.inexact_rows().size:
+        return []  # not an append (the step plans the edit), or stale rows to heal
+    return list(range(cached.size + PREFILL_CHUNK, ids.size, PREFILL_CHUNK))
 
 
 def turn_reply(reply: Reply, tools: Sequence[Mapping[str, Any]], constraint: Any, calls: bool,
