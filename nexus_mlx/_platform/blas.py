@@ -21,6 +21,13 @@ matrix (with AVX-512F prefetching the rows it reads next) and shares the rows ov
 the same product up to float32 summation order. :func:`set_skinny_routing` turns that off and on,
 ``NEXUS_MLX_SKINNY=0`` keeps it off from the start.
 
+Products of 1 to 4 rows against a weight matrix that has a registered twin (``csrc/twin_gemm.h``:
+the same float32 weights, rebuilt exactly from one-byte codes and per-block scales and offsets;
+:mod:`nexus_mlx.kernels.weight_twins` builds and registers them) read the twin instead: a decode
+step streams 1.25-1.5 bytes a weight instead of 4. Checked before the two routings above.
+:func:`twin_register` / :func:`twin_unregister` / :func:`twin_count` manage the shim's table;
+:func:`set_twin_routing` turns the reading off and on (``NEXUS_MLX_WEIGHT_TWINS=0``: off from the start).
+
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)
 then share both cores with a spinning thread (in a probe, one attention call over 2,048 keys took
@@ -63,13 +70,15 @@ from nexus_mlx._platform import cbuild as _cbuild
 from nexus_mlx.errors import BuildError
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "set_gemv_routing",
-           "set_skinny_routing", "shim_call_counts"]
+           "set_skinny_routing", "set_twin_avx2_only", "set_twin_routing", "shim_call_counts", "twin_count",
+           "twin_encode", "twin_register", "twin_routing", "twin_unregister"]
 
 ENV_VAR = "NEXUS_MLX_BLAS"
 THREAD_TIMEOUT_ENV_VAR = "OPENBLAS_THREAD_TIMEOUT"
 THREAD_TIMEOUT = "12"  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps
 GEMV_ENV_VAR = "NEXUS_MLX_GEMV"
 SKINNY_ENV_VAR = "NEXUS_MLX_SKINNY"
+TWINS_ENV_VAR = "NEXUS_MLX_WEIGHT_TWINS"
 CORETYPE_ENV_VAR = "OPENBLAS_CORETYPE"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIM_NAME = "_blas_shim.so"
@@ -104,6 +113,7 @@ class BlasStatus:
     gemv_routing: bool = False  # one-row/one-column sgemm computed by sgemv (at load time)
     skinny_routing: bool = False  # 2-6-row sgemm computed by skinny_gemm.h (at load time)
     core: str | None = None  # OpenBLAS's kernel family ("SkylakeX", "Haswell"...)
+    twin_routing: bool = False  # 1-4-row sgemm read from registered weight twins (at load time)
 
 
 _status: BlasStatus | None = None
@@ -112,6 +122,7 @@ _shim: ctypes.CDLL | None = None
 _sgemv_address: int | None = None
 _gemv_on = False
 _skinny_on = False
+_twins_on = False
 
 
 def _off(value: str | None) -> bool:
@@ -239,6 +250,9 @@ def _install_shim(openblas: ctypes.CDLL, prefix: str) -> str:
         shim.nexus_blas_set_skinny.argtypes = [ctypes.c_int]
         shim.nexus_blas_set_skinny.restype = None
         set_skinny_routing(not _off(os.environ.get(SKINNY_ENV_VAR)))
+    if hasattr(shim, "nexus_blas_set_twins"):
+        _bind_twins(shim)
+        set_twin_routing(not _off(os.environ.get(TWINS_ENV_VAR)))
     # Check the global scope now resolves cblas_sgemm to the shim (an LD_PRELOADed BLAS would win).
     process = ctypes.CDLL(None)
     for g in _GEMMS:
@@ -291,6 +305,7 @@ def ensure_fast_blas() -> BlasStatus:
                 _gemv_on,
                 _skinny_on,
                 core,
+                _twins_on,
             )
         except Exception as exc:  # never break `import nexus_mlx` over a speed-up
             reason = f"no optimized BLAS for MLX ({exc}); MLX CPU matmul will be slow"
@@ -323,17 +338,106 @@ def set_skinny_routing(enabled: bool) -> bool:
     return _skinny_on
 
 
+def _bind_twins(shim: ctypes.CDLL) -> None:
+    """Argument types of the shim's twin table functions."""
+    shim.nexus_blas_set_twins.argtypes = [ctypes.c_int]
+    shim.nexus_blas_set_twins.restype = None
+    shim.nexus_blas_twin_register.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                              ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_void_p]
+    shim.nexus_blas_twin_register.restype = ctypes.c_int
+    shim.nexus_blas_twin_unregister.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    shim.nexus_blas_twin_unregister.restype = ctypes.c_int
+    shim.nexus_blas_twin_count.argtypes = []
+    shim.nexus_blas_twin_count.restype = ctypes.c_int
+    shim.nexus_blas_twin_encode.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                            ctypes.c_void_p]
+    shim.nexus_blas_twin_encode.restype = ctypes.c_longlong
+    shim.nexus_blas_twin_set_avx2_only.argtypes = [ctypes.c_int]
+    shim.nexus_blas_twin_set_avx2_only.restype = None
+
+
+def _twin_shim() -> ctypes.CDLL | None:
+    return _shim if _shim is not None and hasattr(_shim, "nexus_blas_set_twins") else None
+
+
+def set_twin_routing(enabled: bool) -> bool:
+    """Read registered weight twins for products of 1-4 rows (``enabled``) or not; return whether
+    that is now on (False when the shim is not loaded or predates twins)."""
+    global _twins_on
+    shim = _twin_shim()
+    if shim is None:
+        return False
+    shim.nexus_blas_set_twins(1 if enabled else 0)
+    _twins_on = bool(enabled)
+    return _twins_on
+
+
+def twin_routing() -> bool:
+    """Whether products read registered weight twins (:func:`set_twin_routing`'s last answer)."""
+    return _twins_on
+
+
+def twin_register(src: int, n: int, k: int, block: int, codes: int, scale: int,
+                  offset: int) -> bool:
+    """Record in the shim that the float32 ``(n, k)`` matrix at address ``src`` equals the twin
+    at ``codes`` / ``scale`` / ``offset`` (``csrc/twin_gemm.h`` gives the layout); False when
+    the shim cannot take it (not loaded, table full, a shape it does not read). The caller keeps
+    all four buffers alive until :func:`twin_unregister`."""
+    shim = _twin_shim()
+    if shim is None:
+        return False
+    return bool(shim.nexus_blas_twin_register(src, n, k, block, codes, scale, offset))
+
+
+def twin_unregister(src: int, n: int, k: int) -> bool:
+    """Forget the twin of the ``(n, k)`` matrix at ``src``; whether one was registered. Returns
+    after any product reading it has finished."""
+    shim = _twin_shim()
+    return bool(shim is not None and shim.nexus_blas_twin_unregister(src, n, k))
+
+
+def twin_encode(src: int, n: int, k: int, block: int, codes: int, scale: int,
+                offset: int) -> int | None:
+    """Fill the twin buffers at ``codes`` / ``scale`` / ``offset`` from the float32 ``(n, k)``
+    matrix at ``src`` with the shim's encoder (``csrc/twin_gemm.h``); the number of blocks that
+    are not an exact grid (0: a twin), or None when the shim has no encoder or declines (no
+    x86-64 FMA, bad arguments)."""
+    shim = _twin_shim()
+    if shim is None:
+        return None
+    failed = int(shim.nexus_blas_twin_encode(src, n, k, block, codes, scale, offset))
+    return None if failed < 0 else failed
+
+
+def set_twin_avx2_only(on: bool) -> bool:
+    """Make twin products take their AVX2 path even on an AVX-512F CPU (``on``; for tests that
+    check both paths on one machine) or choose by CPU again; whether the shim took it."""
+    shim = _twin_shim()
+    if shim is None:
+        return False
+    shim.nexus_blas_twin_set_avx2_only(1 if on else 0)
+    return True
+
+
+def twin_count() -> int:
+    """Matrices with a registered twin (0 without the shim)."""
+    shim = _twin_shim()
+    return int(shim.nexus_blas_twin_count()) if shim is not None else 0
+
+
 def shim_call_counts() -> dict[str, int]:
     """Number of GEMM calls forwarded so far, e.g. ``{"sgemm": 3, "dgemm": 0, "cgemm": 0,
-    "sgemm_as_sgemv": 2, "sgemm_as_skinny": 0}`` (the last two: sgemm calls of those computed
-    by sgemv, and by the skinny kernel).
+    "sgemm_as_sgemv": 2, "sgemm_as_skinny": 0, "sgemm_as_twin": 0}`` (the last three: sgemm
+    calls of those computed by sgemv, by the skinny kernel, and from a weight twin).
 
     All zeros when the shim is not loaded.
     """
-    names = (*_GEMMS, "sgemm_as_sgemv", "sgemm_as_skinny")
+    names = (*_GEMMS, "sgemm_as_sgemv", "sgemm_as_skinny", "sgemm_as_twin")
     if _shim is None:
         return {g: 0 for g in names}
-    return {g: int(_shim.nexus_blas_call_count(i)) for i, g in enumerate(names)}
+    return {g: max(0, int(_shim.nexus_blas_call_count(i))) for i, g in enumerate(names)}
 
 
 BLAS_STATUS: BlasStatus = ensure_fast_blas()

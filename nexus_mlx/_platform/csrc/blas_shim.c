@@ -20,11 +20,17 @@
  *     2 to SKINNY_MAX_ROWS rows of A (a forward of a few tokens against a weight matrix) is
  *     computed by skinny_gemm.h, which reads B once instead of packing it; where that kernel
  *     declines (no AVX2 + FMA, another shape) sgemm runs. Same product up to summation order.
+ *   - A third, checked first: an sgemm computing A * B^T for 1 to TWIN_MAX_ROWS rows of A whose
+ *     B has a twin registered with nexus_blas_twin_register() (twin_gemm.h: the same float32
+ *     weights rebuilt from one-byte codes) reads the twin instead of B, while
+ *     nexus_blas_set_twins(1) holds (the default; nothing is registered until the loader does).
+ *     Same product up to summation order. nexus_blas_twin_unregister() and
+ *     nexus_blas_twin_count() manage the table.
  *   - nexus_blas_source_id() returns the source hash it was built from (-DNEXUS_BLAS_SOURCE_ID,
  *     "unknown" without it), so the loader can tell a stale build from the current source.
  *   - nexus_blas_call_count(which) reports how many calls went through each forwarder
  *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv, 4 = to the skinny
- *     kernel; -1 for anything else), so tests can prove MLX calls land here.
+ *     kernel, 5 = to a weight twin; -1 for anything else), so tests can prove MLX calls land here.
  *
  * What it does not know: which library the pointers belong to, how it was loaded, or how
  * symbol resolution makes libmlx.so see these symbols (the loader dlopens this file with
@@ -40,6 +46,7 @@
 
 #include "native_rt.h"
 #include "skinny_gemm.h"
+#include "twin_gemm.h"
 
 #define NEXUS_EXPORT __attribute__((visibility("default")))
 
@@ -64,7 +71,8 @@ static dgemm_fn target_dgemm = NULL;
 static cgemm_fn target_cgemm = NULL;
 static sgemv_fn target_sgemv = NULL; /* NULL: no routing of one-row/one-column products */
 static int skinny_on = 0; /* route few-row products to skinny_gemm.h */
-static unsigned long long call_counts[5] = {0, 0, 0, 0, 0};
+static int twins_on = 1; /* read registered weight twins (twin_gemm.h) for few-row products */
+static unsigned long long call_counts[6] = {0, 0, 0, 0, 0, 0};
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
 
@@ -98,8 +106,31 @@ NEXUS_EXPORT void nexus_blas_set_skinny(int on) {
     __atomic_store_n(&skinny_on, on ? 1 : 0, __ATOMIC_RELEASE);
 }
 
+NEXUS_EXPORT void nexus_blas_set_twins(int on) {
+    __atomic_store_n(&twins_on, on ? 1 : 0, __ATOMIC_RELEASE);
+}
+
+NEXUS_EXPORT int nexus_blas_twin_register(const float *src, int n, int k, int block,
+                                          const unsigned char *codes, const float *scale,
+                                          const float *offset) {
+    return twin_register(src, n, k, block, codes, scale, offset);
+}
+
+NEXUS_EXPORT int nexus_blas_twin_unregister(const float *src, int n, int k) {
+    return twin_unregister(src, n, k);
+}
+
+NEXUS_EXPORT int nexus_blas_twin_count(void) { return twin_count(); }
+
+NEXUS_EXPORT void nexus_blas_twin_set_avx2_only(int on) { twin_set_avx2_only(on); }
+
+NEXUS_EXPORT long long nexus_blas_twin_encode(const float *src, long long n, int k, int block,
+                                              unsigned char *codes, float *scale, float *offset) {
+    return (long long)twin_encode(src, (int64_t)n, k, block, codes, scale, offset);
+}
+
 NEXUS_EXPORT long long nexus_blas_call_count(int which) {
-    if (which < 0 || which > 4) {
+    if (which < 0 || which > 5) {
         return -1;
     }
     return (long long)__atomic_load_n(&call_counts[which], __ATOMIC_RELAXED);
@@ -160,6 +191,20 @@ static int sgemm_as_gemv(sgemv_fn gemv, int order, int trans_a, int trans_b, int
  * order: a column-major call is the row-major product of the transposes, so its "A * B^T" with
  * few columns n is the row-major B * A^T with few rows. Returns 0 where it does not apply.
  */
+/* C = alpha * A * B^T + beta * C read from B's registered twin (twin_gemm.h), mapped like
+ * sgemm_as_skinny. Returns 0 where it does not apply. */
+static int sgemm_as_twin(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                         const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                         int ldc) {
+    if (order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == TRANS) {
+        return twin_sgemm_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    if (order == COL_MAJOR && trans_a == TRANS && trans_b == NO_TRANS) {
+        return twin_sgemm_nt(n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+    }
+    return 0;
+}
+
 static int sgemm_as_skinny(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                            const float *a, int lda, const float *b, int ldb, float beta,
                            float *c, int ldc) {
@@ -179,6 +224,11 @@ NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n,
         uninitialized("cblas_sgemm");
     }
     count_call(0);
+    if (__atomic_load_n(&twins_on, __ATOMIC_ACQUIRE) && k > 0 &&
+        sgemm_as_twin(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+        count_call(5);
+        return;
+    }
     sgemv_fn gemv = __atomic_load_n(&target_sgemv, __ATOMIC_ACQUIRE);
     if (gemv != NULL && k > 0 && (m == 1 || n == 1) &&
         sgemm_as_gemv(gemv, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
