@@ -14,6 +14,9 @@ Nothing is ever downloaded: a spec that is none of these raises :class:`ModelNot
 ``dtype="auto"`` computes in float32 on CPU (MLX's CPU half-precision and quantized matmuls are
 10-100x slower) and keeps the file's precision on a GPU; ``None`` always keeps it; an MLX float
 dtype dequantizes and casts every weight. The architecture must be one the engine supports.
+On the Linux CPU the float32 weight matrices that are exact grids (those of a quantized file) get
+weight twins (:mod:`nexus_mlx.models.twins`: one-byte codes the BLAS shim reads in decode steps,
+the same numbers; ``NEXUS_MLX_WEIGHT_TWINS=0`` turns them off).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from nexus_mlx.models.arch import model_plan
 from nexus_mlx.models.build import MLX_LM_MODULES, default_dtype
 from nexus_mlx.models.gguf import load_gguf
 from nexus_mlx.models.packages import PACKAGE_ALIASES, resolve_package_spec
+from nexus_mlx.models.twins import attach_twins
 
 DtypeArg = mx.Dtype | None | Literal["auto"]
 
@@ -92,4 +96,5 @@ def load(spec: str | os.PathLike[str] = "default", dtype: DtypeArg = "auto") -> 
     else:
         raise ModelFormatError(f"{path} is not a .gguf file or a model directory")
     model_plan(model)  # fail now, clearly, if the engine does not support the architecture
+    attach_twins(model)  # decode steps read exact one-byte twins of the weights (CPU only)
     return model, tokenizer
