@@ -86,6 +86,7 @@ from report_sections import (
     skinny_section,
     slb_section,
     ttft_section,
+    weight_twins_section,
 )
 
 REPORT_NAME = "REPORT.md"
@@ -174,6 +175,8 @@ BENCHES: tuple[Bench, ...] = (
           certified_head_section, variants=True),
     Bench("skinny_gemm", "BLAS shim: few-row products, skinny kernel vs OpenBLAS", ENG,
           skinny_section, variants=True),
+    Bench("weight_twins", "BLAS shim: decode reading weight twins vs float32 weights", ENG,
+          weight_twins_section, variants=True),
     Bench("slb_latency", "SLB scan latency and INT8 recall", ENG, slb_section),
     Bench("l0_radix", "L0 radix arena: warm-prefix reuse", ENG, l0_section),
     Bench("embedder", "Embedder throughput", ENG, embedder_section),

@@ -468,3 +468,25 @@ def skinny_section(d: dict[str, Any]) -> list[str]:
              ""] + table(["weights", "rows", "skinny ms", "OpenBLAS ms", "ratio [95% CI]"], gemm)
             + ["", "Forward passes appended at depth 512, logits of every token:", ""]
             + table(["tokens", "skinny ms", "OpenBLAS ms", "ratio [95% CI]"], fwd))
+
+
+def weight_twins_section(d: dict[str, Any]) -> list[str]:
+    """``weight_twins``: decode reading one-byte weight twins vs the float32 weights."""
+    arms = (("engine", "generate_tokens, ms/token"), ("session", "Session.complete, ms/token"),
+            ("forward4", "4-token forward, ms/pass"))
+    rows = []
+    for spec, m in mapping(d, "models").items():
+        twins = mapping(m, "twins")
+        for arm, label in arms:
+            rows.append([fmt(spec), label, fmt(get(m, arm, "twins_ms"), ".1f"),
+                         fmt(get(m, arm, "float32_ms"), ".1f"),
+                         f"{fmt(get(m, arm, 'ratio'), '.2f')} "
+                         f"{fmt_ci(get(m, arm, 'ratio_ci'), '.2f')}",
+                         fmt(get(m, arm, "same_ids")),
+                         f"{fmt(twins.get('twin_mib'), '.0f')} / "
+                         f"{fmt(twins.get('float32_mib'), '.0f')}"])
+    return ([f"{fmt(d.get('trials'))} paired trials per arm, {fmt(d.get('tokens'))} tokens "
+             "decoded; ratio: float32 / twins (> 1: twins faster); the ids of every trial "
+             "compared with twins on and off.", ""]
+            + table(["model", "arm", "twins ms", "float32 ms", "ratio [95% CI]", "same ids",
+                     "twin / float32 MiB"], rows))

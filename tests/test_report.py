@@ -131,7 +131,8 @@ def test_missing_and_unreadable(results: Path):
                         "rerank_choice", "guard_sweep", "session_copies", "lookahead",
                         "skinny_gemm", "certified_head", "forced_runs",
                         "predicted_outputs", "server_memory", "prompt_scoring",
-                        "server_completions", "session_restore", "server_interleave"}
+                        "server_completions", "session_restore", "server_interleave",
+                        "weight_twins"}
     assert set(names) == expected_missing  # quick/routing_accuracy.json is not a full result
     assert "- `routing_accuracy`: `python bench/routing_accuracy.py`" in missing
     assert "`blas`" not in missing and "`micro`" not in missing
