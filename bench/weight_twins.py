@@ -151,8 +151,10 @@ def measure(spec: str, args: Any) -> dict[str, Any]:
 
 
 def draw(models: dict[str, dict[str, Any]], name: str, quick: bool) -> None:
-    cases = {f"{spec.split('-')[0]} {arm}": {"ratio": m[arm]["ratio"],
-                                             "ratio_ci": m[arm]["ratio_ci"]}
+    def short(spec: str) -> str:
+        return "SmolLM2" if spec == "default" else spec.split("-")[0]
+
+    cases = {f"{short(spec)}\n{arm}": {"ratio": m[arm]["ratio"], "ratio_ci": m[arm]["ratio_ci"]}
              for spec, m in models.items() for arm in ("engine", "session", "forward4")}
     plots.ratio_bars(cases, "float32 time / twins time (> 1: twins faster)",
                      "Decode reading weight twins", name, quick)

@@ -25,10 +25,12 @@
  *     the same numbers, rebuilt with one fused multiply-add each.
  *   - twin_set_avx2_only(1) makes products take the AVX2 path even where AVX-512F runs (tests
  *     check both paths on one machine); 0 restores the choice by CPU.
- *   - Threads: the rows of b are shared over up to TWIN_MAX_THREADS threads by groups of four
- *     when b has at least TWIN_PARALLEL_MIN elements (one core does not draw the bandwidth two
- *     do). Registration takes a write lock; a product holds a read lock while it computes, so
- *     a twin is never unregistered (and freed by its owner) under a product reading it.
+ *   - Threads: when b has at least TWIN_PARALLEL_MIN elements (one core does not draw the
+ *     bandwidth two do), the caller's thread and one persistent helper thread share its rows by
+ *     groups of four (twin_parallel_rows below); the encoder shares rows over up to
+ *     TWIN_MAX_THREADS started threads. Registration takes a write lock; a product holds a read
+ *     lock while it computes, so a twin is never unregistered (and freed by its owner) under a
+ *     product reading it. A fork()ed child resets the helper and the lock.
  *
  * What it does not know: BLAS enums or column-major calls (the shim maps those), how a twin is
  * built, or which model the matrices belong to.
@@ -124,7 +126,8 @@ static int twin_count(void) {
 #define TWIN_FMA
 #endif
 
-TWIN_FMA static int twin_try_step(const float *w, int block, float lo, float step, uint8_t *codes) {
+TWIN_FMA static int twin_try_step(const float *w, int block, float lo, float step,
+                                  uint8_t *codes) {
   if (!(step > 0.0f) || !isfinite(step)) return 0;
   for (int p = 0; p < block; ++p) {
     float level = rintf((w[p] - lo) / step);
@@ -150,7 +153,7 @@ static float twin_min_gap(const float *w, int block) {
 }
 
 TWIN_FMA static int twin_encode_block(const float *w, int block, uint8_t *codes, float *scale,
-                             float *offset) {
+                                      float *offset) {
   float lo = w[0], first = INFINITY;
   for (int p = 1; p < block; ++p) lo = w[p] < lo ? w[p] : lo;
   if (!isfinite(lo)) return 0;
