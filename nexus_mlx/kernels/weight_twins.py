@@ -45,7 +45,8 @@ from nexus_mlx.errors import ArgumentError
 
 BLOCKS = (32, 16)  # block sizes tried, in order (Q6_K's sub-blocks are 16 weights)
 LEVELS = 256  # distinct codes a block may use
-DIVISORS = 12  # a block's step is one of its gaps divided by 1..DIVISORS (csrc: TWIN_DIVISORS)
+FIRST_DIVISORS = 12  # divisors of the gap above a block's offset tried first (csrc: the same)
+DIVISORS = 12  # divisors of the smallest gap between its sorted values tried next
 _ROWS_PER_PASS = 2048  # rows encoded at a time (bounds the float64 temporaries)
 
 
@@ -90,9 +91,9 @@ def _sorted_gaps(blocks: np.ndarray) -> np.ndarray:
 def _encode_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Codes, scales and offsets of ``blocks (B, b)``, each rebuilt exactly, or None: the
     specification of the native encoder (``twin_encode`` in ``csrc/twin_gemm.h``). A block's
-    offset is its smallest value; its step the smallest gap above that, or failing that the
-    smallest gap between its sorted values, divided by 1..DIVISORS: the first step whose codes
-    fit a byte and rebuild every value wins."""
+    offset is its smallest value; its step the smallest gap above that divided by
+    1..FIRST_DIVISORS, or failing that the smallest gap between its sorted values divided by
+    1..DIVISORS: the first step whose codes fit a byte and rebuild every value wins."""
     offset = blocks.min(axis=1)  # (B,)
     codes = np.zeros(blocks.shape, np.uint8)
     scale = np.zeros(blocks.shape[0], np.float32)
@@ -100,7 +101,7 @@ def _encode_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     for stage in ("first", "sorted"):
         rows = blocks[todo]
         gaps = _first_gaps(rows, offset[todo]) if stage == "first" else _sorted_gaps(rows)
-        for divisor in range(1, DIVISORS + 1):
+        for divisor in range(1, (FIRST_DIVISORS if stage == "first" else DIVISORS) + 1):
             step = (gaps / np.float32(divisor)).astype(np.float32)
             with np.errstate(invalid="ignore", divide="ignore"):
                 levels = np.rint((blocks[todo] - offset[todo, None]) / step[:, None])

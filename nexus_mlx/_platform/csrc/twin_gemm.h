@@ -115,11 +115,14 @@ static int twin_count(void) {
  * twin_encode(src, n, k, block, codes, scale, offset) fills the twin of the float32 matrix src
  * (n x k, row stride k) for blocks of `block` (16 or 32) and returns how many blocks are not an
  * exact grid (0: the twin rebuilds src exactly), or -1 when it cannot run (bad arguments, no FMA).
- * Per block: offset = its smallest value; the step is the smallest gap above it, or the
- * smallest gap between its sorted values, divided by 1..TWIN_DIVISORS; codes = rint((w - offset)
- * / step); the first step whose codes fit a byte and rebuild every weight with fmaf wins.
+ * Per block: offset = its smallest value; the step is the smallest gap above it divided by
+ * 1..TWIN_FIRST_DIVISORS, or else the smallest gap between its sorted values divided by
+ * 1..TWIN_DIVISORS; codes = rint((w - offset) / step); the first step whose codes fit a byte and
+ * rebuild every weight with fmaf wins. It stops at the first block that is no grid (the matrix
+ * then has no twin for this block size), so its count is then 1 or a few, not all of them.
  * nexus_mlx/kernels/weight_twins.py holds the same algorithm in numpy as its specification. */
-#define TWIN_DIVISORS 12
+#define TWIN_FIRST_DIVISORS 12 /* tried on the gap above the offset (cheap: no sort) */
+#define TWIN_DIVISORS 12 /* tried on the smallest gap between sorted values */
 #if defined(__x86_64__) || defined(_M_X64)
 #define TWIN_FMA __attribute__((target("fma"))) /* fmaf inline; twin_encode checks the CPU */
 #else
@@ -163,7 +166,7 @@ TWIN_FMA static int twin_encode_block(const float *w, int block, uint8_t *codes,
   float gaps[2] = {first, 0.0f};
   for (int g = 0; g < 2; ++g) {
     if (g == 1) gaps[1] = twin_min_gap(w, block);
-    for (int d = 1; d <= TWIN_DIVISORS; ++d) {
+    for (int d = 1; d <= (g == 0 ? TWIN_FIRST_DIVISORS : TWIN_DIVISORS); ++d) {
       float step = gaps[g] / (float)d;
       if (twin_try_step(w, block, lo, step, codes)) {
         *scale = step;
@@ -184,16 +187,17 @@ typedef struct {
 } twin_encoding;
 
 TWIN_FMA static void twin_encode_rows(const void *ctx, int64_t r0, int64_t r1) {
-  twin_encoding *e = (twin_encoding *)ctx; /* each share writes its own rows and counter */
+  twin_encoding *e = (twin_encoding *)ctx; /* each share writes its own rows */
   const int nb = e->k / e->block;
-  int64_t failed = 0;
-  for (int64_t r = r0; r < r1; ++r)
+  for (int64_t r = r0; r < r1 && !__atomic_load_n(&e->failed, __ATOMIC_RELAXED); ++r)
     for (int b = 0; b < nb; ++b) {
       int64_t at = r * nb + b;
-      failed += !twin_encode_block(e->src + at * e->block, e->block, e->codes + at * e->block,
-                                   e->scale + at, e->offset + at);
+      if (!twin_encode_block(e->src + at * e->block, e->block, e->codes + at * e->block,
+                             e->scale + at, e->offset + at)) {
+        __atomic_fetch_add(&e->failed, 1, __ATOMIC_RELAXED);
+        return;
+      }
     }
-  __atomic_fetch_add(&e->failed, failed, __ATOMIC_RELAXED);
 }
 
 static int64_t twin_encode(const float *src, int64_t n, int k, int block, uint8_t *codes,
