@@ -58,6 +58,15 @@ def test_grid_matrices_are_rebuilt_exactly(kind: str, shape: tuple[int, int], bl
     assert twin.nbytes < w.nbytes / 2
 
 
+def test_a_sparse_block_is_rebuilt_from_the_gcd_of_its_gaps() -> None:
+    d = np.float32(np.float16(0.0123))
+    w = np.zeros((3, 32), np.float32)
+    w[:, 0], w[:, 1] = -16 * d, 13 * d  # gaps 16d and 13d: neither divided by 1..12 gives d
+    for twin in (wt.encode_twin_reference(w), wt.encode_twin(w)):
+        assert twin is not None and np.array_equal(wt.rebuild(twin), w)
+        assert twin.scale[0, 0] == d
+
+
 def test_matrices_that_are_not_grids_are_declined() -> None:
     rng = np.random.default_rng(1)
     assert wt.encode_twin_reference(rng.standard_normal((8, 64)).astype(np.float32)) is None

@@ -47,6 +47,7 @@ BLOCKS = (32, 16)  # block sizes tried, in order (Q6_K's sub-blocks are 16 weigh
 LEVELS = 256  # distinct codes a block may use
 FIRST_DIVISORS = 12  # divisors of the gap above a block's offset tried first (csrc: the same)
 DIVISORS = 12  # divisors of the smallest gap between its sorted values tried next
+GCD_STEPS = 64  # Euclid steps per value before the last stage, the gaps' gcd, gives up
 _ROWS_PER_PASS = 2048  # rows encoded at a time (bounds the float64 temporaries)
 
 
@@ -88,24 +89,47 @@ def _sorted_gaps(blocks: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(gaps), gaps, 1.0).astype(np.float32)
 
 
+def _gap_gcd(blocks: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The greatest common divisor of each block's distances above its offset, by Euclid's
+    algorithm on float32 (``fmod`` is exact, so exact multiples of a step give that step);
+    0 where it does not settle within :data:`GCD_STEPS` steps per value."""
+    g = np.zeros(blocks.shape[0], np.float32)
+    settled = np.ones(blocks.shape[0], bool)
+    for column in (blocks - offset[:, None]).T:
+        a, b = g.copy(), column.astype(np.float32)
+        for _ in range(GCD_STEPS):
+            moving = b != 0
+            if not moving.any():
+                break
+            r = np.zeros_like(b)
+            r[moving] = np.fmod(a[moving], b[moving])
+            a = np.where(moving, b, a)
+            b = np.where(moving, r, b)
+        settled &= b == 0
+        g = a
+    return np.where(settled, g, np.float32(0))
+
+
 def _encode_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Codes, scales and offsets of ``blocks (B, b)``, each rebuilt exactly, or None: the
     specification of the native encoder (``twin_encode`` in ``csrc/twin_gemm.h``). A block's
     offset is its smallest value; its step the smallest gap above that divided by
     1..FIRST_DIVISORS, or failing that the smallest gap between its sorted values divided by
-    1..DIVISORS: the first step whose codes fit a byte and rebuild every value wins."""
+    1..DIVISORS, or failing that the gcd of its distances above the offset: the first step
+    whose codes fit a byte and rebuild every value wins."""
     offset = blocks.min(axis=1)  # (B,)
     codes = np.zeros(blocks.shape, np.uint8)
     scale = np.zeros(blocks.shape[0], np.float32)
     todo = np.arange(blocks.shape[0])
-    for stage in ("first", "sorted"):
+    for stage, divisors in (("first", FIRST_DIVISORS), ("sorted", DIVISORS), ("gcd", 1)):
         rows = blocks[todo]
-        gaps = _first_gaps(rows, offset[todo]) if stage == "first" else _sorted_gaps(rows)
-        for divisor in range(1, (FIRST_DIVISORS if stage == "first" else DIVISORS) + 1):
+        gaps = (_first_gaps(rows, offset[todo]) if stage == "first" else
+                _sorted_gaps(rows) if stage == "sorted" else _gap_gcd(rows, offset[todo]))
+        for divisor in range(1, divisors + 1):
             step = (gaps / np.float32(divisor)).astype(np.float32)
             with np.errstate(invalid="ignore", divide="ignore"):
                 levels = np.rint((blocks[todo] - offset[todo, None]) / step[:, None])
-            fits = np.all((levels >= 0) & (levels < LEVELS), axis=1)
+            fits = np.all((levels >= 0) & (levels < LEVELS), axis=1) & (step > 0)
             guess = np.where(fits[:, None], levels, 0).astype(np.uint8)
             exact = fits & np.all(_rebuilt(guess, step, offset[todo]) == blocks[todo], axis=1)
             codes[todo[exact]], scale[todo[exact]] = guess[exact], step[exact]

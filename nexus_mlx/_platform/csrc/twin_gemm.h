@@ -117,12 +117,14 @@ static int twin_count(void) {
  * exact grid (0: the twin rebuilds src exactly), or -1 when it cannot run (bad arguments, no FMA).
  * Per block: offset = its smallest value; the step is the smallest gap above it divided by
  * 1..TWIN_FIRST_DIVISORS, or else the smallest gap between its sorted values divided by
- * 1..TWIN_DIVISORS; codes = rint((w - offset) / step); the first step whose codes fit a byte and
- * rebuild every weight with fmaf wins. It stops at the first block that is no grid (the matrix
+ * 1..TWIN_DIVISORS, or else the greatest common divisor of its distances above the offset (a
+ * sparse block: a few values, far apart); codes = rint((w - offset) / step); the first step
+ * whose codes fit a byte and rebuild every weight with fmaf wins. It stops at the first block that is no grid (the matrix
  * then has no twin for this block size), so its count is then 1 or a few, not all of them.
  * nexus_mlx/kernels/weight_twins.py holds the same algorithm in numpy as its specification. */
 #define TWIN_FIRST_DIVISORS 12 /* tried on the gap above the offset (cheap: no sort) */
 #define TWIN_DIVISORS 12 /* tried on the smallest gap between sorted values */
+#define TWIN_GCD_STEPS 64 /* Euclid steps per value before the gcd stage gives up */
 #if defined(__x86_64__) || defined(_M_X64)
 #define TWIN_FMA __attribute__((target("fma"))) /* fmaf inline; twin_encode checks the CPU */
 #else
@@ -155,6 +157,24 @@ static float twin_min_gap(const float *w, int block) {
   return isfinite(gap) ? gap : 1.0f;
 }
 
+/* the greatest common divisor of the block's distances above lo, by Euclid's algorithm on
+ * floats (fmodf is exact, so exact multiples of a step give that step; other values give a tiny
+ * or no step, which twin_try_step then rejects); 0 when it does not settle */
+static float twin_gap_gcd(const float *w, int block, float lo) {
+  float g = 0.0f;
+  for (int p = 0; p < block; ++p) {
+    float a = g, b = w[p] - lo;
+    for (int i = 0; b != 0.0f; ++i) {
+      if (i == TWIN_GCD_STEPS) return 0.0f;
+      float r = fmodf(a, b);
+      a = b;
+      b = r;
+    }
+    g = a;
+  }
+  return g;
+}
+
 TWIN_FMA static int twin_encode_block(const float *w, int block, uint8_t *codes, float *scale,
                                       float *offset) {
   float lo = w[0], first = INFINITY;
@@ -163,10 +183,12 @@ TWIN_FMA static int twin_encode_block(const float *w, int block, uint8_t *codes,
   for (int p = 0; p < block; ++p)
     if (w[p] > lo && w[p] - lo < first) first = w[p] - lo;
   if (!isfinite(first)) first = 1.0f; /* one value (or an infinity, which rebuilds nothing) */
-  float gaps[2] = {first, 0.0f};
-  for (int g = 0; g < 2; ++g) {
+  float gaps[3] = {first, 0.0f, 0.0f};
+  for (int g = 0; g < 3; ++g) {
     if (g == 1) gaps[1] = twin_min_gap(w, block);
-    for (int d = 1; d <= (g == 0 ? TWIN_FIRST_DIVISORS : TWIN_DIVISORS); ++d) {
+    if (g == 2) gaps[2] = twin_gap_gcd(w, block, lo);
+    int divisors = g == 0 ? TWIN_FIRST_DIVISORS : g == 1 ? TWIN_DIVISORS : 1;
+    for (int d = 1; d <= divisors; ++d) {
       float step = gaps[g] / (float)d;
       if (twin_try_step(w, block, lo, step, codes)) {
         *scale = step;
