@@ -120,7 +120,7 @@ def test_products_read_the_twin_and_equal_the_float32_product(kind: str, shape: 
         for rows in (1, 2, 3, 4, 5):
             x = rng.standard_normal((rows, shape[1])).astype(np.float32)
             got, routed = _counted(lambda x=x: mx.array(x) @ weight.T)
-            want = x.astype(np.float64) @ w.astype(np.float64).T
+            want = wt.twin_matmul_reference(x, wt.encode_twin_reference(w))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
             assert routed == (1 if rows <= 4 else 0), rows
         c = rng.standard_normal((1, shape[0])).astype(np.float32)
@@ -149,6 +149,10 @@ def test_row_views_share_the_twin_and_a_wrong_twin_is_refused() -> None:
     mx.eval(top, middle)
     with pytest.raises(ArgumentError):
         wt.register(whole, wt.encode_twin(_grid(np.random.default_rng(6), 48, 64, "q4_1")))
+    good = wt.encode_twin(w)
+    strided = wt.Twin(np.asfortranarray(good.codes), good.scale, good.offset, good.block)
+    with pytest.raises(ArgumentError):
+        wt.register(whole, strided, check=False)  # a layout the kernel cannot read
     assert wt.register(whole, wt.encode_twin(w))
     try:
         assert not wt.register_view(mx.array(w[:16]), whole)  # another buffer: not a view

@@ -22,8 +22,8 @@ Contract (three parts, house-style rule 5):
   (AVX-512F, or AVX2 + FMA; elsewhere it declines and the float32 matrix is read);
 - the reference :func:`twin_matmul_reference`, ``x @ rebuild(twin).T``, and the dispatch,
   which is the shim's own: a product is routed by the address of its weight matrix, so MLX's
-  graphs, laziness and modules are unchanged (:func:`active` says whether a registered twin is
-  being read at all).
+  graphs, laziness and modules are unchanged (``blas.set_twin_routing`` turns the reading off
+  and on for the process).
 
 :func:`register` keeps the registered array (and its twin) alive until :func:`unregister`, so
 the address the shim matches is never reused by another array meanwhile; a row slice of a
@@ -238,7 +238,21 @@ def host_matrix(array: mx.array) -> np.ndarray:
     return host
 
 
+def _check_layout(twin: Twin, shape: tuple[int, ...]) -> None:
+    """The twin's arrays are what the kernel reads: C-contiguous, of its dtypes and shapes."""
+    n, k = shape
+    parts = ((twin.codes, np.uint8, (n, k)),
+             (twin.scale, np.float32, (n, k // twin.block) if twin.block else None),
+             (twin.offset, np.float32, (n, k // twin.block) if twin.block else None))
+    if twin.block not in BLOCKS or k % twin.block or any(
+            not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != want
+            or not a.flags["C_CONTIGUOUS"] for a, dtype, want in parts):
+        raise ArgumentError(f"the twin's arrays do not lay out a ({n}, {k}) matrix in blocks of "
+                            f"{twin.block} (uint8 codes, float32 scales and offsets, C order)")
+
+
 def _register(array: mx.array, host: np.ndarray, twin: Twin) -> bool:
+    _check_layout(twin, host.shape)
     n, k = host.shape
     key = (_address(host), n, k)
     with _lock:
@@ -300,9 +314,3 @@ def registered_key(array: mx.array) -> tuple[int, int, int] | None:
     host = np.asarray(array)
     key = (_address(host), *host.shape)
     return key if key in _entries else None
-
-
-def active() -> bool:
-    """Whether products read registered twins now (the shim is loaded, its twin routing is on
-    and some twin is registered)."""
-    return blas.twin_routing() and blas.twin_count() > 0
