@@ -26,7 +26,8 @@ the same float32 weights, rebuilt exactly from one-byte codes and per-block scal
 :mod:`nexus_mlx.kernels.weight_twins` builds and registers them) read the twin instead: a decode
 step streams 1.25-1.5 bytes a weight instead of 4. Checked before the two routings above.
 :func:`twin_register` / :func:`twin_unregister` / :func:`twin_count` manage the shim's table;
-:func:`set_twin_routing` turns the reading off and on (``NEXUS_MLX_WEIGHT_TWINS=0``: off from the start).
+:func:`set_twin_routing` turns the reading off and on (``NEXUS_MLX_WEIGHT_TWINS=0``: off from
+the start).
 
 OpenBLAS's idle worker threads spin for 2^28 cycles (~0.1 s) after each call before they sleep;
 the native CPU kernels that run between MLX's GEMMs (the blocked attention, the position softmax)
@@ -70,8 +71,8 @@ from nexus_mlx._platform import cbuild as _cbuild
 from nexus_mlx.errors import BuildError
 
 __all__ = ["BLAS_STATUS", "BlasStatus", "BlasWarning", "ensure_fast_blas", "set_gemv_routing",
-           "set_skinny_routing", "set_twin_avx2_only", "set_twin_routing", "shim_call_counts", "twin_count",
-           "twin_encode", "twin_register", "twin_routing", "twin_unregister"]
+           "set_skinny_routing", "set_twin_avx2_only", "set_twin_routing", "shim_call_counts",
+           "twin_count", "twin_encode", "twin_register", "twin_routing", "twin_unregister"]
 
 ENV_VAR = "NEXUS_MLX_BLAS"
 THREAD_TIMEOUT_ENV_VAR = "OPENBLAS_THREAD_TIMEOUT"

@@ -10,8 +10,8 @@ first report). The twins live as long as the model: when it is collected they ar
 and freed. ``detach_twins(model)`` drops them sooner.
 
 It applies only where the shim reads twins (Linux CPU with the BLAS shim loaded, default device
-CPU, float32 weights) and ``NEXUS_MLX_WEIGHT_TWINS`` is not ``0``; elsewhere it attaches nothing and
-says why. Nothing else changes: the model's modules, arrays and results are the same (a product
+CPU, float32 weights) and ``NEXUS_MLX_WEIGHT_TWINS`` is not ``0``; elsewhere it attaches nothing
+and says why. Nothing else changes: the model's modules, arrays and results are the same (a product
 that reads a twin sums the same float32 weights in another order).
 
 Cost: the twins take 1.25 bytes a weight (blocks of 32) or 1.5 (blocks of 16) beside the

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #if defined(_WIN32)
 #define NEXUS_API __declspec(dllexport)
@@ -33,6 +34,17 @@ static inline int nexus_has_avx2_fma(void) {
 #else
   return 0;
 #endif
+}
+
+/* the CPUs online, between 1 and cap, read once into *cache (a kernel's own static) */
+static inline int nexus_cpus_capped(int *cache, int cap) {
+  int t = __atomic_load_n(cache, __ATOMIC_RELAXED);
+  if (t == 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    t = online < 1 ? 1 : online > cap ? cap : (int)online;
+    __atomic_store_n(cache, t, __ATOMIC_RELAXED);
+  }
+  return t;
 }
 
 /* rows [row0, row1) of one call's work; ctx is the call's own arguments */

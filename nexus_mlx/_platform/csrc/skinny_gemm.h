@@ -239,13 +239,7 @@ static void skinny_groups(const void *ctx, int64_t g0, int64_t g1) {
 
 static int skinny_threads(void) {
   static int cached = 0;
-  int t = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (t == 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    t = online < 1 ? 1 : online > SKINNY_MAX_THREADS ? SKINNY_MAX_THREADS : (int)online;
-    __atomic_store_n(&cached, t, __ATOMIC_RELAXED);
-  }
-  return t;
+  return nexus_cpus_capped(&cached, SKINNY_MAX_THREADS);
 }
 
 static int skinny_sgemm_nt(int m, int n, int k, float alpha, const float *a, int lda,

@@ -119,8 +119,9 @@ static int twin_count(void) {
  * 1..TWIN_FIRST_DIVISORS, or else the smallest gap between its sorted values divided by
  * 1..TWIN_DIVISORS, or else the greatest common divisor of its distances above the offset (a
  * sparse block: a few values, far apart); codes = rint((w - offset) / step); the first step
- * whose codes fit a byte and rebuild every weight with fmaf wins. It stops at the first block that is no grid (the matrix
- * then has no twin for this block size), so its count is then 1 or a few, not all of them.
+ * whose codes fit a byte and rebuild every weight with fmaf wins. It stops at the first block
+ * that is no grid (the matrix then has no twin for this block size), so its count is then 1 or
+ * a few, not all of them.
  * nexus_mlx/kernels/weight_twins.py holds the same algorithm in numpy as its specification. */
 #define TWIN_FIRST_DIVISORS 12 /* tried on the gap above the offset (cheap: no sort) */
 #define TWIN_DIVISORS 12 /* tried on the smallest gap between sorted values */
@@ -245,93 +246,67 @@ typedef struct {
 #define TWIN_AVX2 __attribute__((target("avx2,fma")))
 #define TWIN_AVX512 __attribute__((target("avx512f")))
 
-/* rows [j0, j1) of the twin against the call's m rows of A, 16 lanes. Four weight rows at a
- * time, each chunk of 16 codes widened, rebuilt (one FMA with its block's scale and offset) and
- * multiplied into every A row while in registers. */
-TWIN_AVX512 static void twin_rows_avx512(const twin_call *x, int j0, int j1) {
+/* rows [j0, j1) of the twin against M rows of A (M = the call's m, a constant once inlined), 16
+ * lanes: four weight rows at a time, each block's scale and offset broadcast once, each chunk
+ * of 16 codes widened, rebuilt with one FMA and multiplied into every A row while in registers
+ * (M x 4 accumulators), the rows TWIN_AHEAD on prefetched a cache line at a time. */
+TWIN_AVX512 static inline __attribute__((always_inline)) void twin_tile_avx512(
+    const twin_call *x, int j0, int j1, const int M) {
   const twin_entry *t = &x->t;
-  const int k = t->k, nb = k / t->block, shift = t->block == 32 ? 5 : 4;
+  const int k = t->k, nb = k / t->block, chunks = t->block / 16;
   for (int j = j0; j < j1; j += 4) {
     int nj = j1 - j < 4 ? j1 - j : 4;
     const uint8_t *code[4];
     const float *sc[4], *of[4];
-    for (int q = 0; q < 4; ++q) {
-      int row = j + (q < nj ? q : nj - 1);
-      code[q] = t->codes + (int64_t)row * k;
-      sc[q] = t->scale + (int64_t)row * nb;
-      of[q] = t->offset + (int64_t)row * nb;
+    for (int q = 0; q < 4; ++q) { /* a short last group repeats its last row, not stored */
+      int64_t row = j + (q < nj ? q : nj - 1);
+      code[q] = t->codes + row * k;
+      sc[q] = t->scale + row * nb;
+      of[q] = t->offset + row * nb;
     }
-    int ahead_row = j + TWIN_AHEAD < t->n ? j + TWIN_AHEAD : t->n - 1;
+    int ahead_row = j + TWIN_AHEAD + 3 < t->n ? j + TWIN_AHEAD : t->n - 4 > 0 ? t->n - 4 : 0;
     const uint8_t *ahead = t->codes + (int64_t)ahead_row * k;
     __m512 acc[TWIN_MAX_ROWS][4];
-    for (int i = 0; i < TWIN_MAX_ROWS; ++i)
+    for (int i = 0; i < M; ++i)
       for (int q = 0; q < 4; ++q) acc[i][q] = _mm512_setzero_ps();
-    for (int p = 0; p < k; p += 16) {
-      if ((p & 63) == 0)
-        for (int q = 0; q < 4; ++q) _mm_prefetch((const char *)(ahead + q * k + p), _MM_HINT_T0);
-      __m512 xs[TWIN_MAX_ROWS];
-      for (int i = 0; i < x->m; ++i) xs[i] = _mm512_loadu_ps(x->a + i * x->lda + p);
-      int b = p >> shift;
+    for (int b = 0, p = 0; b < nb; ++b) {
+      __m512 scale[4], offset[4];
       for (int q = 0; q < 4; ++q) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(code[q] + p));
-        __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-        __m512 w = _mm512_fmadd_ps(codes, _mm512_set1_ps(sc[q][b]), _mm512_set1_ps(of[q][b]));
-        for (int i = 0; i < x->m; ++i) acc[i][q] = _mm512_fmadd_ps(xs[i], w, acc[i][q]);
+        scale[q] = _mm512_set1_ps(sc[q][b]);
+        offset[q] = _mm512_set1_ps(of[q][b]);
+      }
+      for (int h = 0; h < chunks; ++h, p += 16) {
+        if ((p & 63) == 0)
+          for (int q = 0; q < 4 && ahead_row + q < t->n; ++q)
+            _mm_prefetch((const char *)(ahead + (int64_t)q * k + p), _MM_HINT_T0);
+        __m512 xs[TWIN_MAX_ROWS];
+        for (int i = 0; i < M; ++i) xs[i] = _mm512_loadu_ps(x->a + i * x->lda + p);
+        for (int q = 0; q < 4; ++q) {
+          __m128i bytes = _mm_loadu_si128((const __m128i *)(code[q] + p));
+          __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), scale[q],
+                                     offset[q]);
+          for (int i = 0; i < M; ++i) acc[i][q] = _mm512_fmadd_ps(xs[i], w, acc[i][q]);
+        }
       }
     }
-    for (int i = 0; i < x->m; ++i)
+    for (int i = 0; i < M; ++i)
       for (int q = 0; q < nj; ++q)
         twin_store(x->c + i * x->ldc + j + q, x->alpha, _mm512_reduce_add_ps(acc[i][q]),
                    x->beta);
   }
 }
 
-/* The same for one row of A (a decode step), specialised: four accumulators in registers, each
- * block's scale and offset broadcast once, the rows TWIN_AHEAD on prefetched a line at a time. */
-TWIN_AVX512 static void twin_row1_avx512(const twin_call *x, int j0, int j1) {
-  const twin_entry *t = &x->t;
-  const int k = t->k, nb = k / t->block, chunks = t->block / 16;
-  const float *a = x->a;
-  for (int j = j0; j < j1; j += 4) {
-    int nj = j1 - j < 4 ? j1 - j : 4;
-    int r0 = j, r1 = j + (nj > 1), r2 = j + (nj > 2 ? 2 : nj - 1), r3 = j + nj - 1;
-    const uint8_t *c0 = t->codes + (int64_t)r0 * k, *c1 = t->codes + (int64_t)r1 * k;
-    const uint8_t *c2 = t->codes + (int64_t)r2 * k, *c3 = t->codes + (int64_t)r3 * k;
-    const float *s0 = t->scale + (int64_t)r0 * nb, *s1 = t->scale + (int64_t)r1 * nb;
-    const float *s2 = t->scale + (int64_t)r2 * nb, *s3 = t->scale + (int64_t)r3 * nb;
-    const float *o0 = t->offset + (int64_t)r0 * nb, *o1 = t->offset + (int64_t)r1 * nb;
-    const float *o2 = t->offset + (int64_t)r2 * nb, *o3 = t->offset + (int64_t)r3 * nb;
-    int ahead_row = j + TWIN_AHEAD + 3 < t->n ? j + TWIN_AHEAD : t->n - 4 > 0 ? t->n - 4 : 0;
-    const uint8_t *ahead = t->codes + (int64_t)ahead_row * k;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (int b = 0, p = 0; b < nb; ++b) {
-      __m512 sc0 = _mm512_set1_ps(s0[b]), of0 = _mm512_set1_ps(o0[b]);
-      __m512 sc1 = _mm512_set1_ps(s1[b]), of1 = _mm512_set1_ps(o1[b]);
-      __m512 sc2 = _mm512_set1_ps(s2[b]), of2 = _mm512_set1_ps(o2[b]);
-      __m512 sc3 = _mm512_set1_ps(s3[b]), of3 = _mm512_set1_ps(o3[b]);
-      for (int h = 0; h < chunks; ++h, p += 16) {
-        if ((p & 63) == 0)
-          for (int q = 0; q < 4 && ahead_row + q < t->n; ++q)
-            _mm_prefetch((const char *)(ahead + (int64_t)q * k + p), _MM_HINT_T0);
-        __m512 xv = _mm512_loadu_ps(a + p);
-#define TWIN_ROW(c, sc, of, acc)                                                            \
-  acc = _mm512_fmadd_ps(                                                                    \
-      xv,                                                                                   \
-      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                              \
-                          _mm_loadu_si128((const __m128i *)((c) + p)))),                     \
-                      sc, of),                                                              \
-      acc)
-        TWIN_ROW(c0, sc0, of0, acc0);
-        TWIN_ROW(c1, sc1, of1, acc1);
-        TWIN_ROW(c2, sc2, of2, acc2);
-        TWIN_ROW(c3, sc3, of3, acc3);
-#undef TWIN_ROW
-      }
-    }
-    float dots[4] = {_mm512_reduce_add_ps(acc0), _mm512_reduce_add_ps(acc1),
-                     _mm512_reduce_add_ps(acc2), _mm512_reduce_add_ps(acc3)};
-    for (int q = 0; q < nj; ++q) twin_store(x->c + j + q, x->alpha, dots[q], x->beta);
-  }
+TWIN_AVX512 static void twin_rows1_avx512(const twin_call *x, int j0, int j1) {
+  twin_tile_avx512(x, j0, j1, 1);
+}
+TWIN_AVX512 static void twin_rows2_avx512(const twin_call *x, int j0, int j1) {
+  twin_tile_avx512(x, j0, j1, 2);
+}
+TWIN_AVX512 static void twin_rows3_avx512(const twin_call *x, int j0, int j1) {
+  twin_tile_avx512(x, j0, j1, 3);
+}
+TWIN_AVX512 static void twin_rows4_avx512(const twin_call *x, int j0, int j1) {
+  twin_tile_avx512(x, j0, j1, 4);
 }
 
 TWIN_AVX2 static float twin_hsum256(__m256 v) {
@@ -376,23 +351,17 @@ TWIN_AVX2 static void twin_rows_avx2(const twin_call *x, int j0, int j1) {
 static void twin_groups(const void *ctx, int64_t g0, int64_t g1) {
   const twin_call *x = (const twin_call *)ctx;
   int j0 = (int)(4 * g0), j1 = (int)(4 * g1) < x->t.n ? (int)(4 * g1) : x->t.n;
-  if (x->wide && x->m == 1)
-    twin_row1_avx512(x, j0, j1);
-  else if (x->wide)
-    twin_rows_avx512(x, j0, j1);
-  else
+  if (x->wide) {
+    void (*rows[TWIN_MAX_ROWS])(const twin_call *, int, int) = {
+        twin_rows1_avx512, twin_rows2_avx512, twin_rows3_avx512, twin_rows4_avx512};
+    rows[x->m - 1](x, j0, j1);
+  } else
     twin_rows_avx2(x, j0, j1);
 }
 
 static int twin_threads(void) {
   static int cached = 0;
-  int t = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (t == 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    t = online < 1 ? 1 : online > TWIN_MAX_THREADS ? TWIN_MAX_THREADS : (int)online;
-    __atomic_store_n(&cached, t, __ATOMIC_RELAXED);
-  }
-  return t;
+  return nexus_cpus_capped(&cached, TWIN_MAX_THREADS);
 }
 
 /* A persistent helper thread for the products (TWIN_MAX_THREADS is 2 here: the caller's thread
