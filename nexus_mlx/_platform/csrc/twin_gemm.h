@@ -296,9 +296,54 @@ TWIN_AVX512 static inline __attribute__((always_inline)) void twin_tile_avx512(
   }
 }
 
+/* The same for one row of A (a decode step), written out: four named accumulators, which the
+ * compiler keeps in registers (the tile above, inlined with M = 1, ran decode 1.2x slower). */
 TWIN_AVX512 static void twin_rows1_avx512(const twin_call *x, int j0, int j1) {
-  twin_tile_avx512(x, j0, j1, 1);
+  const twin_entry *t = &x->t;
+  const int k = t->k, nb = k / t->block, chunks = t->block / 16;
+  const float *a = x->a;
+  for (int j = j0; j < j1; j += 4) {
+    int nj = j1 - j < 4 ? j1 - j : 4;
+    int r0 = j, r1 = j + (nj > 1), r2 = j + (nj > 2 ? 2 : nj - 1), r3 = j + nj - 1;
+    const uint8_t *c0 = t->codes + (int64_t)r0 * k, *c1 = t->codes + (int64_t)r1 * k;
+    const uint8_t *c2 = t->codes + (int64_t)r2 * k, *c3 = t->codes + (int64_t)r3 * k;
+    const float *s0 = t->scale + (int64_t)r0 * nb, *s1 = t->scale + (int64_t)r1 * nb;
+    const float *s2 = t->scale + (int64_t)r2 * nb, *s3 = t->scale + (int64_t)r3 * nb;
+    const float *o0 = t->offset + (int64_t)r0 * nb, *o1 = t->offset + (int64_t)r1 * nb;
+    const float *o2 = t->offset + (int64_t)r2 * nb, *o3 = t->offset + (int64_t)r3 * nb;
+    int ahead_row = j + TWIN_AHEAD + 3 < t->n ? j + TWIN_AHEAD : t->n - 4 > 0 ? t->n - 4 : 0;
+    const uint8_t *ahead = t->codes + (int64_t)ahead_row * k;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (int b = 0, p = 0; b < nb; ++b) {
+      __m512 sc0 = _mm512_set1_ps(s0[b]), of0 = _mm512_set1_ps(o0[b]);
+      __m512 sc1 = _mm512_set1_ps(s1[b]), of1 = _mm512_set1_ps(o1[b]);
+      __m512 sc2 = _mm512_set1_ps(s2[b]), of2 = _mm512_set1_ps(o2[b]);
+      __m512 sc3 = _mm512_set1_ps(s3[b]), of3 = _mm512_set1_ps(o3[b]);
+      for (int h = 0; h < chunks; ++h, p += 16) {
+        if ((p & 63) == 0)
+          for (int q = 0; q < 4 && ahead_row + q < t->n; ++q)
+            _mm_prefetch((const char *)(ahead + (int64_t)q * k + p), _MM_HINT_T0);
+        __m512 xv = _mm512_loadu_ps(a + p);
+#define TWIN_ROW(c, sc, of, acc)                                                            \
+  acc = _mm512_fmadd_ps(                                                                    \
+      xv,                                                                                   \
+      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                              \
+                          _mm_loadu_si128((const __m128i *)((c) + p)))),                     \
+                      sc, of),                                                              \
+      acc)
+        TWIN_ROW(c0, sc0, of0, acc0);
+        TWIN_ROW(c1, sc1, of1, acc1);
+        TWIN_ROW(c2, sc2, of2, acc2);
+        TWIN_ROW(c3, sc3, of3, acc3);
+#undef TWIN_ROW
+      }
+    }
+    float dots[4] = {_mm512_reduce_add_ps(acc0), _mm512_reduce_add_ps(acc1),
+                     _mm512_reduce_add_ps(acc2), _mm512_reduce_add_ps(acc3)};
+    for (int q = 0; q < nj; ++q) twin_store(x->c + j + q, x->alpha, dots[q], x->beta);
+  }
 }
+
 TWIN_AVX512 static void twin_rows2_avx512(const twin_call *x, int j0, int j1) {
   twin_tile_avx512(x, j0, j1, 2);
 }
