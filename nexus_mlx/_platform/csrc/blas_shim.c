@@ -30,7 +30,8 @@
  *     "unknown" without it), so the loader can tell a stale build from the current source.
  *   - nexus_blas_call_count(which) reports how many calls went through each forwarder
  *     (0 = sgemm, 1 = dgemm, 2 = cgemm, 3 = sgemm calls routed to sgemv, 4 = to the skinny
- *     kernel, 5 = to a weight twin; -1 for anything else), so tests can prove MLX calls land here.
+ *     kernel, 5 = to a weight twin; -1 for anything else), so tests can prove MLX calls land
+ *     here.
  *
  * What it does not know: which library the pointers belong to, how it was loaded, or how
  * symbol resolution makes libmlx.so see these symbols (the loader dlopens this file with
@@ -186,33 +187,25 @@ static int sgemm_as_gemv(sgemv_fn gemv, int order, int trans_a, int trans_b, int
     return 1;
 }
 
-/*
- * C = alpha * A * B^T + beta * C for 2..SKINNY_MAX_ROWS rows of A (skinny_gemm.h), in either
- * order: a column-major call is the row-major product of the transposes, so its "A * B^T" with
- * few columns n is the row-major B * A^T with few rows. Returns 0 where it does not apply.
- */
-/* C = alpha * A * B^T + beta * C read from B's registered twin (twin_gemm.h), mapped like
- * sgemm_as_skinny. Returns 0 where it does not apply. */
-static int sgemm_as_twin(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                         const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                         int ldc) {
-    if (order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == TRANS) {
-        return twin_sgemm_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
-    if (order == COL_MAJOR && trans_a == TRANS && trans_b == NO_TRANS) {
-        return twin_sgemm_nt(n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
-    }
-    return 0;
-}
+/* a kernel computing C = alpha * A * B^T + beta * C for row-major A (m x k) and B (n x k) */
+typedef int (*sgemm_nt_fn)(int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc);
 
-static int sgemm_as_skinny(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                           const float *a, int lda, const float *b, int ldb, float beta,
-                           float *c, int ldc) {
+/*
+ * C = alpha * A * B^T + beta * C by `kernel` (skinny_gemm.h's few rows of A, or twin_gemm.h's
+ * products against a registered twin of B), in either order: a column-major call is the
+ * row-major product of the transposes, so its "A * B^T" with few columns n is the row-major
+ * B * A^T with few rows. Returns 0 where it does not apply (another layout, or the kernel
+ * declines).
+ */
+static int sgemm_as_nt(sgemm_nt_fn kernel, int order, int trans_a, int trans_b, int m, int n,
+                       int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc) {
     if (order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == TRANS) {
-        return skinny_sgemm_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return kernel(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
     if (order == COL_MAJOR && trans_a == TRANS && trans_b == NO_TRANS) {
-        return skinny_sgemm_nt(n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+        return kernel(n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
     }
     return 0;
 }
@@ -225,7 +218,8 @@ NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n,
     }
     count_call(0);
     if (__atomic_load_n(&twins_on, __ATOMIC_ACQUIRE) && k > 0 &&
-        sgemm_as_twin(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+        sgemm_as_nt(twin_sgemm_nt, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                    beta, c, ldc)) {
         count_call(5);
         return;
     }
@@ -237,7 +231,8 @@ NEXUS_EXPORT void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n,
         return;
     }
     if (__atomic_load_n(&skinny_on, __ATOMIC_ACQUIRE) &&
-        sgemm_as_skinny(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+        sgemm_as_nt(skinny_sgemm_nt, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                    beta, c, ldc)) {
         count_call(4);
         return;
     }
