@@ -1,5 +1,5 @@
 """Weight twins: a float32 weight matrix stored again as one-byte codes that rebuild it exactly,
-so that decode-step products read a quarter of the bytes.
+so that decode-step products read about a third of the bytes.
 
 Why it exists: on the CPU a decode step is a handful of matrix-vector products whose time is
 the weight bytes they stream from memory. Weights loaded from a quantized file (GGUF Q4/Q5/Q8,
