@@ -38,6 +38,7 @@ from nexus_mlx.cli.progress import tool_bar
 from nexus_mlx.metrics import next_token_kl, top1_agreement
 from nexus_mlx.models.forward import forward, make_cache
 from nexus_mlx.models.load import load
+from nexus_mlx.models.twins import twin_report
 from nexus_mlx.routing.embedder import Embedder
 from nexus_mlx.routing.router import QUERY_PREFIX, build_router
 from nexus_mlx.tools.ir import tool_signature
@@ -189,6 +190,9 @@ def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say:
     say(f"nexus-mlx {nexus_mlx.__version__} | BLAS: "
         + (f"{blas.library}{kernels}" if blas.loaded else blas.reason))
     model, tokenizer = _timed(say, f"loaded model {model_spec!r}", lambda: load(model_spec))
+    twins = twin_report(model)
+    if twins is not None:  # decode steps read exact one-byte twins of the weights
+        say(f"  weight twins: {twins.reason}, built in {twins.seconds:.1f} s")
     embedder = _timed(say, "loaded embedder all-MiniLM-L6-v2",
                       lambda: Embedder.load(query_prefix=QUERY_PREFIX))
     with ExitStack() as stack:
