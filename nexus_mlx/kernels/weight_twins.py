@@ -274,22 +274,35 @@ def register(array: mx.array, twin: Twin, *, check: bool = True) -> bool:
     return _register(array, host, twin)
 
 
-def register_view(view: mx.array, parent: mx.array) -> bool:
-    """Register ``view``, whole rows of the registered ``parent``'s buffer (a row slice), as a
-    view of ``parent``'s twin (shared codes); False when it is not such a slice."""
-    host, whole = host_matrix(view), host_matrix(parent)
-    entry = _entries.get((_address(whole), *whole.shape))
-    n, k = host.shape
-    start = _address(host) - _address(whole)
-    row_bytes = k * 4
-    if entry is None or k != whole.shape[1] or start % row_bytes:
-        return False
-    r0 = start // row_bytes
-    if not 0 <= r0 <= whole.shape[0] - n:
-        return False
-    t = entry.twin
-    sub = Twin(t.codes[r0:r0 + n], t.scale[r0:r0 + n], t.offset[r0:r0 + n], t.block)
-    return _register(view, host, sub)
+def _first_row(host: np.ndarray, key: tuple[int, int, int]) -> int | None:
+    """The row of the registered matrix ``key`` where ``host``'s rows begin, when ``host`` is
+    whole rows of its buffer; else None."""
+    address, rows, k = key
+    n, width = host.shape
+    start = _address(host) - address
+    if width != k or start % (k * 4):
+        return None
+    r0 = start // (k * 4)
+    return r0 if 0 <= r0 <= rows - n else None
+
+
+def register_view(view: mx.array, parent: mx.array | None = None) -> bool:
+    """Register ``view``, whole rows of a registered matrix's buffer (a row slice; of ``parent``
+    when given, else of any registered matrix), as a view of that matrix's twin (shared codes);
+    False when it is no such slice."""
+    host = host_matrix(view)
+    if parent is not None:
+        whole = host_matrix(parent)
+        keys = [(_address(whole), *whole.shape)]
+    else:
+        keys = list(_entries)
+    for key in keys:
+        entry, r0 = _entries.get(key), _first_row(host, key)
+        if entry is not None and r0 is not None:
+            t, n = entry.twin, host.shape[0]
+            sub = Twin(t.codes[r0:r0 + n], t.scale[r0:r0 + n], t.offset[r0:r0 + n], t.block)
+            return _register(view, host, sub)
+    return False
 
 
 def unregister(array: mx.array) -> bool:

@@ -111,13 +111,12 @@ def attach_twins(model: nn.Module) -> TwinReport:
     if why_not is not None:
         return TwinReport(0, 0, (), 0, 0, 0.0, f"no twins: {why_not}")
     keys: list[tuple[int, int, int]] = []
-    wholes: list[mx.array] = []
     declined: list[str] = []
     encoded = twin_bytes = weight_bytes = 0
-    for name, array in _candidates(model):
+    for name, array in _candidates(model):  # whole fused arrays first: their views share codes
         if weight_twins.registered_key(array) is not None:
             continue
-        if any(weight_twins.register_view(array, whole) for whole in wholes):
+        if weight_twins.register_view(array):
             keys.append(weight_twins.registered_key(array))  # type: ignore[arg-type]
             continue
         twin = weight_twins.encode_twin(weight_twins.host_matrix(array))
@@ -125,7 +124,6 @@ def attach_twins(model: nn.Module) -> TwinReport:
             declined.append(name)
             continue
         keys.append(weight_twins.registered_key(array))  # type: ignore[arg-type]
-        wholes.append(array)
         encoded += 1
         twin_bytes += twin.nbytes
         weight_bytes += array.nbytes
