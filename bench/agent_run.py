@@ -25,7 +25,14 @@ sample. The final line has ``correct`` (requests whose every check passed), ``n`
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, model_record  # first: nexus_mlx + BLAS
+from common import ( # first: nexus_mlx + BLAS
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 import datetime
 import re
@@ -195,7 +202,7 @@ def main() -> None:
                              "max_requests; default: all)")
     parser.add_argument("--trials", type=int, default=1,
                         help="conversations, each over a new repository at a new path")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     if args.no_answer_prompt:
         args.answer_prompt = None
@@ -204,7 +211,7 @@ def main() -> None:
                      for trial in range(1 if args.quick else args.trials)]
     records = [r for c in conversations for r in c]
     per_trial = [sum(r["correct"] for r in c) for c in conversations]
-    name = "agent_run" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("agent_run", args.tag)
     emit(name, {**model_record(args.model, model), "answer_prompt": args.answer_prompt,
                 "system": args.system, "tool_choice": args.tool_choice, "policy": args.policy,
                 "max_requests": args.max_requests, "trials": len(per_trial), "records": records,

@@ -74,10 +74,12 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     model_record,
     shared_data,
+    tagged_name,
 )
 
 import functools
@@ -501,7 +503,7 @@ def main() -> None:
     parser.add_argument("--generic-questions", action="store_true",
                         help="user turns ask general questions, not requests for an offered tool "
                              "(the runs before 2026-12-02)")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     parser.add_argument("--no-blocks", action="store_true",
                         help="repair arms do not splice compiled tool blocks")
     parser.add_argument("--no-idle-heal", action="store_true",
@@ -602,7 +604,7 @@ def main() -> None:
                   flush=True)
     first = [r for r in records if r["request"] > 0]
     summary = summarize(first, arm_names)
-    name = "agent_session" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("agent_session", args.tag)
     emit(name, {**model_record(args.model, model), "n_trajectories": args.n,
                 "trajectories": list(range(*span)), "seed": args.seed, "requests": args.requests,
                 "tools_per_trajectory": tool_counts,

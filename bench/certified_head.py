@@ -32,12 +32,14 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
     shared_data,
+    tagged_name,
 )
 
 import json
@@ -224,13 +226,13 @@ def tool_call_view(model: Any, tokenizer: Any, queries: int, trials: int) -> dic
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="", help="write results/certified_head_TAG.json")
+    add_tag_argument(parser)
     parser.add_argument("--views", default=",".join(VIEWS), help=f"some of {VIEWS}")
     args = parser.parse_args()
     wanted = [v for v in args.views.split(",") if v]
     if not wanted or set(wanted) - set(VIEWS):
         raise SystemExit(f"--views takes some of {VIEWS}, got {args.views!r}")
-    name = "certified_head" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("certified_head", args.tag)
     started, load_start = time.perf_counter(), os.getloadavg()
     prompts = PROMPTS[:2] if args.quick else PROMPTS
     trials = 3 if args.quick else 7

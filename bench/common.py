@@ -211,6 +211,17 @@ def model_record(spec: str, model: Any) -> dict[str, object]:
     return {"model": label, "model_info": info}
 
 
+def add_tag_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tag T``: the run writes ``results/<name>_T.json`` (see :func:`tagged_name`)."""
+    parser.add_argument("--tag", default="",
+                        help="suffix of the result's name: results/<name>_TAG.json")
+
+
+def tagged_name(name: str, tag: str) -> str:
+    """``name`` with ``_tag`` appended when a tag is given."""
+    return name + (f"_{tag}" if tag else "")
+
+
 def arg_parser(description: str) -> argparse.ArgumentParser:
     """Argument parser with the ``--quick`` flag every benchmark accepts."""
     parser = argparse.ArgumentParser(description=description)

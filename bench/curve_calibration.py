@@ -28,7 +28,14 @@ tools.
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, model_record  # first: nexus_mlx + BLAS
+from common import ( # first: nexus_mlx + BLAS
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 from typing import Any
 
@@ -113,7 +120,7 @@ def main() -> dict[str, Any]:
                         help="record the fitted curve in the user's curve table")
     parser.add_argument("--context", choices=("system", "none"), default="system",
                         help="what the blocks are compiled after")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     model, tokenizer = load(args.model)
     names = list(REQUESTS)[:4] if args.quick else list(REQUESTS)
@@ -148,7 +155,7 @@ def main() -> dict[str, Any]:
               f"{row['heldout']['kl_median']:.4f} (max {row['heldout']['kl_max']:.4f}), top-1 "
               f"{row['heldout']['top1']:.2f}", flush=True)
         del row["base"], row["refs"]
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     stored = None
     if args.store and not args.quick:
         stored = str(store_curve(model, curve, source=f"bench/curve_calibration.py ({name})"))

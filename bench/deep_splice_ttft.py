@@ -33,12 +33,14 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
     paper_reference,
+    tagged_name,
 )
 
 import os
@@ -271,7 +273,7 @@ def draw(cells: list[dict[str, Any]], repairs: list[Repair], name: str, quick: b
 def main() -> dict[str, object]:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     depths = QUICK_DEPTHS if args.quick else DEPTHS
     trials = QUICK_TRIALS if args.quick else TRIALS
@@ -284,7 +286,7 @@ def main() -> dict[str, object]:
     cells = []
     for n_past in depths:
         cells += run_depth(model, tokenizer, block, query, n_past, repairs, trials)
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw(cells, repairs, name, args.quick)
     return emit(name, {
         **model_record(args.model, model),

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paper_reference,
+    tagged_name,
 )
 
 from typing import Any
@@ -126,7 +128,7 @@ def draw(rows: list[dict[str, Any]], name: str, quick: bool) -> None:
 def main() -> dict[str, object]:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     parser.add_argument("--cut", choices=("turn", "token"), default="turn",
                         help="context ends after its last whole turn at most OFFSET tokens long "
                              "(where a template puts a tool definition; the default) or at "
@@ -146,7 +148,7 @@ def main() -> dict[str, object]:
         rows.append(r)
         print(f"offset {r['offset']:5d} (target {target}): KL median {r['kl_median']:.4f} "
               f"[{r['kl_ci'][0]:.4f}, {r['kl_ci'][1]:.4f}] top-1 {r['top1']:.2f}", flush=True)
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw(rows, name, args.quick)
     return emit(name, {
         **model_record(args.model, model),

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
+    tagged_name,
 )
 
 import os
@@ -160,7 +162,7 @@ def decode_row(model, prompt, n_decode, trials):
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--lengths", default=None, help="comma-separated prefill lengths")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     parser.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     add_model_argument(parser)
     args = parser.parse_args()
@@ -203,7 +205,7 @@ def main() -> None:
               f"{row['full_head_tok_s']:.2f}), mlx-lm {row['mlx_lm_tok_s']:.2f} tok/s, ratio "
               f"{row['ratio']:.2f}x [{row['ratio_ci'][0]:.2f}, {row['ratio_ci'][1]:.2f}], "
               f"certified {row['certified_share']:.0%}", flush=True)
-    emit("engine" + (f"_{args.tag}" if args.tag else ""), {
+    emit(tagged_name("engine", args.tag), {
                     **model_record(args.model, model), "trials": trials,
                     "long_trials": long_trials, "nexus_chunk": PREFILL_CHUNK,
                     "mlx_lm_prefill_step": MLX_LM_STEP,

@@ -16,7 +16,16 @@ Final JSON line: ``{"turns": {name: {...}}, "overall": {"ratio", "ratio_ci"}, "m
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, median_ci, model_record, paired_ratio_ci
+from common import (
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paired_ratio_ci,
+    tagged_name,
+)
 
 import os
 import time
@@ -89,9 +98,9 @@ def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
     parser.add_argument("--trials", type=int, default=None)
-    parser.add_argument("--tag", default="", help="write results/forced_runs_TAG.json")
+    add_tag_argument(parser)
     args = parser.parse_args()
-    name = "forced_runs" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("forced_runs", args.tag)
     trials = args.trials or (2 if args.quick else 6)
     started, load_start = time.perf_counter(), os.getloadavg()
     model, tokenizer = load(args.model)

@@ -56,7 +56,15 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import add_model_argument, arg_parser, emit, median_ci, model_record  # nexus_mlx first
+from common import ( # nexus_mlx first
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    tagged_name,
+)
 
 import json
 import time
@@ -226,7 +234,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--queries", type=Path, default=GITHUB_QUERIES)
     parser.add_argument("--n", type=int, default=0, help="first n queries (0: all)")
     parser.add_argument("--skip", type=int, default=0, help="skip the first k queries")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     parser.add_argument("--max-argument-tokens", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--optional-margin", type=float, default=DEFAULT_OPTIONAL_MARGIN,
                         help="nats an argument past the required ones must win by "
@@ -331,7 +339,7 @@ def main() -> dict[str, Any]:
         "seconds": time.perf_counter() - wall,
         "loadavg": list(os.getloadavg()),
     }
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw_figure(payload, rows, name, args.quick)
     return emit(name, payload, args.quick)
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     model_record,
     paper_reference,
+    tagged_name,
 )
 
 from typing import Any
@@ -155,7 +157,7 @@ def draw(rows: list[dict[str, Any]], name: str, quick: bool) -> None:
 def main() -> dict[str, object]:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     depths = QUICK_DEPTHS if args.quick else DEPTHS
     names = QUICK_TOOLS if args.quick else TOOLS
@@ -170,7 +172,7 @@ def main() -> dict[str, object]:
             print(f"{kind:3s} n_past {n_past:5d}: rho {r['spearman']:+.3f} "
                   f"[{r['spearman_ci'][0]:+.3f}, {r['spearman_ci'][1]:+.3f}] "
                   f"depth rho {r['depth_spearman']:+.3f}", flush=True)
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw(rows, name, args.quick)
     return emit(name, {
         **model_record(args.model, model),

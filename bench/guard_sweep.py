@@ -27,7 +27,12 @@ both cover the same requests (``--check GUARDED.json ...``).
 
 from __future__ import annotations
 
-from common import arg_parser, emit  # first: loads nexus_mlx + fast BLAS
+from common import ( # first: loads nexus_mlx + fast BLAS
+    add_tag_argument,
+    arg_parser,
+    emit,
+    tagged_name,
+)
 
 import json
 from pathlib import Path
@@ -143,7 +148,7 @@ def main() -> None:
     parser.add_argument("--thresholds", default=",".join(f"{g:g}" for g in DEFAULT_THRESHOLDS))
     parser.add_argument("--check", nargs="+", default=None, metavar="GUARDED",
                         help="runs made with a guard, to compare with the replay of their G")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     records, settings = load_records(args.results)
     if settings.get("guard") is not None:
@@ -152,7 +157,7 @@ def main() -> None:
     arms = [a for a in records[0]["arms"] if a.startswith("repair-")]
     cells = {arm: {str(g): sweep_cell(records, arm, g) for g in thresholds} for arm in arms}
     checks = [check(records, args.check, arm) for arm in arms] if args.check else []
-    name = "guard_sweep" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("guard_sweep", args.tag)
     emit(name, {"model": settings.get("model"), "sources": args.results,
                 "reference": settings.get("reference", "reprefill"),
                 "trajectories": sorted({r["trajectory"] for r in records}),

@@ -29,7 +29,15 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import ROOT, add_model_argument, arg_parser, emit, model_record  # noqa: I001
+from common import ( # noqa: I001
+    ROOT,
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 import subprocess
 import tempfile
@@ -133,7 +141,7 @@ def draw_figure(result: dict[str, Any], name: str, quick: bool) -> None:
 def main() -> dict[str, Any]:
     parser = arg_parser("compressed-IR format hints: token cost and argument accuracy")
     parser.add_argument("--n", type=int, default=100, help="time/git queries (file order)")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     add_model_argument(parser)
     args = parser.parse_args()
     wall = time.perf_counter()
@@ -158,7 +166,7 @@ def main() -> dict[str, Any]:
     summary, calls = accuracy(model, tokenizer, live, n, acc_variants)
     timing["accuracy_s"] = time.perf_counter() - t0
     timing["total_s"] = time.perf_counter() - wall
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     result = {
         "config": {"queries": str(QUERIES), "variants": {v: asdict(VARIANTS[v]) for v in variants},
                    "offered": "the gold tool alone (name forced); greedy; schema grammar",

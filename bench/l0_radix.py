@@ -25,11 +25,13 @@ prints the JSON as its last stdout line.
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     ratio_ci,
+    tagged_name,
 )
 
 import time
@@ -239,7 +241,7 @@ def plot(payload: dict[str, object], result_name: str, quick: bool) -> str | Non
 def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     quick = args.quick
     slot_tokens = 512 if quick else 1024
@@ -271,7 +273,7 @@ def main() -> None:
         "workloads": workloads,
         "copy_vs_prefill": sweep,
     }
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     payload["png"] = plot(payload, name, quick)
     emit(name, payload, quick)
 

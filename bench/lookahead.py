@@ -24,7 +24,14 @@ a several-token pass). Per workload: the total decode time of each arm and their
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, model_record  # first: nexus_mlx + BLAS
+from common import ( # first: nexus_mlx + BLAS
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 import json
 import os
@@ -124,7 +131,7 @@ def main() -> None:
     parser.add_argument("--draft", type=int, default=DEFAULT_DRAFT_TOKENS)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--calls", type=int, default=20, help="GitHub MCP queries (in order)")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     model, tokenizer = load(args.model)
@@ -145,7 +152,7 @@ def main() -> None:
             print(f"{name} {i}: {runs[0]['decode_ms']:.0f} / {runs[args.draft]['decode_ms']:.0f} ms"
                   f" accepted {runs[args.draft]['accepted']}/{runs[args.draft]['drafted']}"
                   f" identical={record['identical']}", flush=True)
-    name = "lookahead" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("lookahead", args.tag)
     summary = {k: summarize(v) for k, v in records.items()}
     draw(summary, name, args.quick)
     emit(name, {**model_record(args.model, model), "draft": args.draft,

@@ -20,7 +20,15 @@ hi]}, "loadavg"}. The machine's load is recorded because other jobs share its tw
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, median_ci, shared_data  # first: loads nexus_mlx + fast BLAS
+from common import ( # first: loads nexus_mlx + fast BLAS
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    shared_data,
+    tagged_name,
+)
 
 import os
 import random
@@ -66,7 +74,7 @@ def _walk(constraint: JsonConstraint, rng: random.Random, free: int) -> list[int
 def main() -> dict[str, object]:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     path = resolve_package_spec(args.model) or Path(args.model)
     if path.suffix.lower() != ".gguf":
@@ -141,7 +149,7 @@ def main() -> dict[str, object]:
                     assert constraint.accept_token(token)
 
     summary = {k: [round(x, 2) for x in median_ci(v)] for k, v in us.items()}
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     payload: dict[str, object] = {
         "model": f"{args.model} ({path.name}, tokenizer only)",
         "vocab": vocab.size, "names": len(names), "schemas": len(walks),

@@ -22,7 +22,16 @@ edit.
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, median_ci, model_record, paired_ratio_ci
+from common import (
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paired_ratio_ci,
+    tagged_name,
+)
 
 import colorsys
 import html
@@ -96,9 +105,9 @@ def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
     parser.add_argument("--trials", type=int, default=None)
-    parser.add_argument("--tag", default="", help="write results/predicted_outputs_TAG.json")
+    add_tag_argument(parser)
     args = parser.parse_args()
-    name = "predicted_outputs" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("predicted_outputs", args.tag)
     trials = args.trials or 1
     started, load_start = time.perf_counter(), os.getloadavg()
     model, tokenizer = load(args.model)

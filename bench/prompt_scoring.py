@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
     shared_data,
+    tagged_name,
 )
 
 import json
@@ -100,7 +102,7 @@ def main() -> None:
     add_model_argument(parser)
     parser.add_argument("--questions", type=int, default=50, help="HotpotQA questions (<= 50)")
     parser.add_argument("--choices", type=int, default=4, help="choices per item")
-    parser.add_argument("--tag", default="", help="suffix of the result's name")
+    add_tag_argument(parser)
     args = parser.parse_args()
     model, tokenizer = load(args.model)
     vocab_size = vocab_of(tokenizer).size
@@ -135,7 +137,7 @@ def main() -> None:
               "accuracy": {"sum": hits["sum"] / len(work), "mean": hits["mean"] / len(work),
                            "chance": 1 / args.choices},
               "trials_ms": times}
-    name = "prompt_scoring" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("prompt_scoring", args.tag)
     print(f"fresh {result['fresh_ms'][0]:.0f} ms, reuse {result['reuse_ms'][0]:.0f} ms per item, "
           f"{result['speedup'][0]:.2f}x; accuracy {result['accuracy']}", flush=True)
     draw(result, name, args.quick)

@@ -33,7 +33,16 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import add_model_argument, arg_parser, emit, median_ci, model_record, shared_data
+from common import (
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    shared_data,
+    tagged_name,
+)
 
 import time
 from pathlib import Path
@@ -159,7 +168,7 @@ def main() -> dict[str, Any]:
     parser = arg_parser("tool-choice reranker vs query likelihood, tuned on one set")
     add_model_argument(parser, default="qwen2.5-coder-0.5b")
     parser.add_argument("--k", type=int, default=10, help="router candidates (top-k)")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     wall = time.perf_counter()
     model, tokenizer = nexus_mlx.load(args.model)
@@ -176,7 +185,7 @@ def main() -> dict[str, Any]:
                    "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
         "rows": rows, "seconds": time.perf_counter() - wall, "loadavg": list(os.getloadavg()),
     }
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw_figure(result, name, args.quick)
     return emit(name, result, args.quick)
 

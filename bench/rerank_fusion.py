@@ -27,7 +27,14 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import add_model_argument, arg_parser, emit, model_record  # nexus_mlx first
+from common import ( # nexus_mlx first
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 import json
 import time
@@ -154,7 +161,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
                         help="the first stage's BM25 fusion weight (library default)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     add_model_argument(parser)
     args = parser.parse_args()
     wall = time.perf_counter()
@@ -214,7 +221,7 @@ def main() -> dict[str, Any]:
     chosen = result["chosen"]
     log(f"chosen k={chosen['k']} weight={chosen['weight']}: escalated "
         f"{chosen['accuracy_escalated']:.3f} (SLB {slb_esc:.3f}), all {chosen['accuracy_all']:.3f}")
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     draw_figure(result, name, args.quick)
     return emit(name, result, args.quick)
 

@@ -58,7 +58,14 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import add_model_argument, arg_parser, emit, model_record  # nexus_mlx first
+from common import ( # nexus_mlx first
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    tagged_name,
+)
 
 import time
 from dataclasses import dataclass
@@ -371,7 +378,7 @@ def parse_args() -> Any:
                              "the model's window are 'skipped', those beyond it 'overflow')")
     parser.add_argument("--no-levers", action="store_true")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embedding cache dir")
-    parser.add_argument("--tag", default="", help="suffix of the result name")
+    add_tag_argument(parser)
     add_model_argument(parser)
     return parser.parse_args()
 
@@ -472,7 +479,7 @@ def main() -> dict[str, Any]:
     stats = {label: {"calls": r.calls, "candidate_sets": len(r._memo),
                      "scored_now": getattr(r.inner, "scored", None)}
              for label, r in rerankers.items() if isinstance(r, MemoReranker)}
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     result = {
         "config": {
             "registry": str(args.registry), "queries": str(args.queries), "seed": args.seed,

@@ -39,7 +39,12 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS thread
 
-from common import arg_parser, emit  # noqa: I001  (loads nexus_mlx before mlx)
+from common import ( # noqa: I001  (loads nexus_mlx before mlx)
+    add_tag_argument,
+    arg_parser,
+    emit,
+    tagged_name,
+)
 
 import json
 import re
@@ -313,7 +318,7 @@ def parse_args() -> Any:
     parser.add_argument("--n", type=int, default=200, help="Seal-Tools dev-easy queries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="embedding cache dir")
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     return parser.parse_args()
 
 
@@ -357,7 +362,7 @@ def main() -> dict[str, Any]:
     baseline = f"dense:{LEXICAL_TEXT}"
     pairs = Counter((c["gold"], c["chosen"]) for c in github_misses.get(baseline, []))
     timing["total_s"] = time.perf_counter() - wall
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     result = {
         "config": {"embedder": "all-MiniLM-L6-v2", "query_prefix": QUERY_PREFIX,
                    "lexical_text": LEXICAL_TEXT, "weights": list(WEIGHTS), "rrf_k": RRF_K,

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
     shared_data,
+    tagged_name,
 )
 
 import json
@@ -113,7 +115,7 @@ def main() -> None:
     parser.add_argument("--long-prompt", type=int, default=0, metavar="W",
                         help="the long request: a new W-word document per trial, the short "
                         "request sent during its prefill (0: a short prompt)")
-    parser.add_argument("--tag", default="", help="suffix of the result's name")
+    add_tag_argument(parser)
     args = parser.parse_args()
     trials, long_tokens = (2, 32) if args.quick else (args.trials, args.long)
     data = json.loads(shared_data("multihop", "hotpotqa_dev50.json").read_text())
@@ -157,7 +159,7 @@ def main() -> None:
         "long_total_cost": paired_ratio_ci(series["interleaved"]["long_total"],
                                            series["fifo"]["long_total"]),
         "trials_ms": series}
-    name = "server_interleave" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("server_interleave", args.tag)
     print(f"short TTFT {result['fifo']['short_ttft_ms'][0]:.0f} ms one at a time, "
           f"{result['interleaved']['short_ttft_ms'][0]:.0f} ms interleaved "
           f"({result['short_ttft_speedup'][0]:.2f}x); long reply "

@@ -31,7 +31,15 @@ every 5.
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, model_record, shared_data
+from common import (
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    shared_data,
+    tagged_name,
+)
 
 import os
 import sys
@@ -141,11 +149,11 @@ def main() -> None:
     parser.add_argument("--trim-heap", default="10", help="the on arm's --trim-heap seconds")
     parser.add_argument("--idle-release", type=float, default=5.0,
                         help="the on arm's --idle-release seconds")
-    parser.add_argument("--tag", default="", help="write results/server_memory_TAG.json")
+    add_tag_argument(parser)
     args = parser.parse_args()
     if not sys.platform.startswith("linux"):
         raise SystemExit("server_memory reads /proc: Linux only")
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     turns = args.turns or (30 if args.quick else 200)
     every = args.every or (5 if args.quick else 10)
     load_start = os.getloadavg()

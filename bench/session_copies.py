@@ -26,7 +26,16 @@ PNG beside it, and prints the JSON as its last stdout line.
 
 from __future__ import annotations
 
-from common import add_model_argument, arg_parser, emit, median_ci, model_record, paired_ratio_ci  # first: nexus_mlx + BLAS
+from common import ( # first: nexus_mlx + BLAS
+    add_model_argument,
+    add_tag_argument,
+    arg_parser,
+    emit,
+    median_ci,
+    model_record,
+    paired_ratio_ci,
+    tagged_name,
+)
 
 import sys
 import time
@@ -138,7 +147,7 @@ def main() -> None:
     add_model_argument(parser)
     parser.add_argument("--depths", default="2048,4096,8000", help="cached rows before the edit")
     parser.add_argument("--trials", type=int, default=5, help="rounds per edit (both modes)")
-    parser.add_argument("--tag", default="", help="suffix of the result's name")
+    add_tag_argument(parser)
     args = parser.parse_args()
     depths = [1024] if args.quick else [int(d) for d in args.depths.split(",")]
     trials = 2 if args.quick else args.trials
@@ -147,7 +156,7 @@ def main() -> None:
         results = [run_depth(model, tokenizer, depth, trials) for depth in depths]
     finally:
         regather_module.MAX_SLICES, row_backup_module.MAX_RUNS = MODES["sliced"]
-    name = "session_copies" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("session_copies", args.tag)
     emit(name, {**model_record(args.model, model), "trials": trials,
                 "edits": {"deleted": DELETED, "before_end": BEFORE_END, "inserted": INSERTED,
                           "insert_at": INSERT_AT, "appended": APPENDED},

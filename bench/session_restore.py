@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paired_ratio_ci,
     shared_data,
+    tagged_name,
 )
 
 import json
@@ -77,7 +79,7 @@ def main() -> None:
     parser = arg_parser(__doc__.splitlines()[0])
     add_model_argument(parser)
     parser.add_argument("--conversations", type=int, default=12, help="HotpotQA questions")
-    parser.add_argument("--tag", default="", help="suffix of the result's name")
+    add_tag_argument(parser)
     args = parser.parse_args()
     model, tokenizer = load(args.model)
     firsts = conversations(3 if args.quick else args.conversations)
@@ -127,7 +129,7 @@ def main() -> None:
               "bytes_on_disk": on_disk, "files": len(files),
               "trials_ms": times}
     result["bytes_per_token"] = result["bytes_on_disk"] / max(rows, 1)
-    name = "session_restore" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("session_restore", args.tag)
     print(f"cold {result['cold_ttft_ms'][0]:.0f} ms, restored {result['restored_ttft_ms'][0]:.0f}"
           f" ms, {result['speedup'][0]:.2f}x; save {save_s:.2f} s, restore {restore_s:.2f} s",
           flush=True)

@@ -50,12 +50,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # 2 shared cores: one BLAS t
 
 from common import (  # nexus_mlx before mlx
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     median_ci,
     model_record,
     paper_reference,
     ratio_ci,
+    tagged_name,
 )
 
 import time
@@ -290,7 +292,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--lexical-weight", type=float, default=DEFAULT_LEXICAL_WEIGHT,
                         help="the router's BM25 fusion weight (library default; 0: cosine only)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     add_model_argument(parser)
     parser.add_argument("--max-argument-tokens", type=int, default=64,
                         help="sampled argument tokens before closing (library default 160)")
@@ -450,7 +452,7 @@ def main() -> dict[str, Any]:
         "seconds": time.perf_counter() - wall,
         "loadavg": list(os.getloadavg()),
     }
-    name = NAME + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name(NAME, args.tag)
     payload["targets"]["met"]["json_valid"] = payload["json_valid"] == 1.0
     draw_figure(payload, per_query, name, args.quick)
     return emit(name, payload, args.quick)

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from common import (  # first: loads nexus_mlx + fast BLAS
     add_model_argument,
+    add_tag_argument,
     arg_parser,
     emit,
     model_record,
     paired_ratio_ci,
+    tagged_name,
 )
 
 import os
@@ -138,9 +140,9 @@ def draw(gemm: list[dict[str, Any]], fwd: list[dict[str, Any]], name: str, quick
 def main() -> None:
     parser = arg_parser(__doc__ or "")
     add_model_argument(parser)
-    parser.add_argument("--tag", default="", help="write results/skinny_gemm_TAG.json")
+    add_tag_argument(parser)
     args = parser.parse_args()
-    name = "skinny_gemm" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("skinny_gemm", args.tag)
     if not set_skinny_routing(True):  # on for the run, even under NEXUS_MLX_SKINNY=0
         raise SystemExit(f"the skinny routing is not available here: {BLAS_STATUS}")
     started = time.perf_counter()

@@ -23,7 +23,14 @@ line: ``{"models": {spec: {"engine": {...}, "session": {...}, "forward4": {...},
 
 from __future__ import annotations
 
-from common import arg_parser, emit, model_record, paired_ratio_ci  # first: nexus_mlx + BLAS
+from common import ( # first: nexus_mlx + BLAS
+    add_tag_argument,
+    arg_parser,
+    emit,
+    model_record,
+    paired_ratio_ci,
+    tagged_name,
+)
 
 import os
 import time
@@ -165,10 +172,10 @@ def main() -> None:
     parser.add_argument("--models", default="default,qwen2.5-coder-0.5b")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--tag", default="")
+    add_tag_argument(parser)
     args = parser.parse_args()
     specs = ["default"] if args.quick else args.models.split(",")
-    name = "weight_twins" + (f"_{args.tag}" if args.tag else "")
+    name = tagged_name("weight_twins", args.tag)
     start = time.perf_counter()
     models = {spec: measure(spec, args) for spec in specs}
     draw(models, name, args.quick)
