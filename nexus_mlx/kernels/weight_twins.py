@@ -16,7 +16,7 @@ Contract (three parts, house-style rule 5):
   exactly (every element, as float32 values), or None when some block is not such a grid (more
   than 256 levels, uneven steps, non-finite values) or ``k`` is not a multiple of 16. It tries
   blocks of 32 first, then 16; :func:`encode_twin` runs the same algorithm natively
-  (``twin_encode`` in the shim, ~50x faster) where the shim has it.
+  (``twin_encode`` in the shim, ~10x faster) where the shim has it.
 - the native kernel: ``_platform/csrc/twin_gemm.h`` inside the BLAS shim. A product of 1 to 4
   rows against a matrix whose twin is registered (:func:`register`) reads the twin
   (AVX-512F, or AVX2 + FMA; elsewhere it declines and the float32 matrix is read);
