@@ -21,21 +21,32 @@ more user message at the end, ``answer_prompt`` (default :data:`DEFAULT_ANSWER_P
 none; ``{request}`` in it stands for the request's text): small models that recite the call and
 its result as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to
 that step, never kept in ``messages``, so the next step or request removes it from the live
-cache (an edit the session repairs). Tool results older than the latest step and longer than
-``payload_chars`` are replaced by a short surrogate in the messages the session sees, an edit in
-the middle of the conversation that the session repairs instead of re-encoding; the latest
-results are shown up to ``result_chars`` characters each (default :data:`DEFAULT_RESULT_CHARS`;
-the run's ``messages`` keep them whole); while the calls run on their servers the session heals
-the rows its repairs left stale (:meth:`~nexus_mlx.agent.session.Session.heal`). A call the
-model makes to an unknown tool, or that its server refuses or fails, becomes the tool's result text
-(``error: ...``), so the model can recover; the :class:`Execution` records say which calls
-succeeded. Any other failure (the model or the cache failed, a failed heal, a conversation that
-outgrew the context) propagates as it is while no call has run; after one has, it is raised as
-:class:`~nexus_mlx.errors.RunError` whose ``run`` (``finish == "error"``) keeps every step,
-call and result up to then, so a call that ran on its server is never lost. A server that
-says its tool list changed (``notifications/tools/list_changed``, e.g. after a call enabled a
-toolset) is listed again before the run's first step and before every later one: its tools in
-the registry are replaced (:func:`relisted`), ``on_registry`` hears the new registry (the
+cache (an edit the session repairs). Before a reply without calls ends the run, up to ``review``
+times a run (:data:`DEFAULT_REVIEWS`; 0: off) the model is asked which parts of the request the
+tool results do not answer yet (:mod:`~nexus_mlx.agent.review`); where it names some, a call is
+required for each in turn (``tool_choice "required"``, the review's follow-up naming the part as
+the last message; not for a part already asked for, nor for the whole request once a call ran),
+and the first that is not a call already made is made instead of answering (else the answer
+stands; ``regenerated`` says which); the answer prompt of the steps after such a call asks for
+every part of the quoted request (:data:`~nexus_mlx.agent.review.EVERY_PART_PROMPT`, where
+``answer_prompt`` is not None). Qwen2.5-Coder-1.5B answers "what changed in the last commit, and
+what time is it in Tokyo now?" after the log's result alone, yet names the Tokyo part when
+asked, calls ``get_current_time`` for it and answers both parts. Tool results older than the
+latest step and longer than ``payload_chars`` are replaced by a short surrogate in the messages the
+session sees, an edit in the middle of the conversation that the session repairs instead of
+re-encoding; the latest results are shown up to ``result_chars`` characters each (default
+:data:`DEFAULT_RESULT_CHARS`; the run's ``messages`` keep them whole); while the calls run on their
+servers the session heals the rows its repairs left stale
+(:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or that
+its server refuses or fails, becomes the tool's result text (``error: ...``), so the model can
+recover; the :class:`Execution` records say which calls succeeded. Any other failure (the model or
+the cache failed, a failed heal, a conversation that outgrew the context) propagates as it is while
+no call has run; after one has, it is raised as :class:`~nexus_mlx.errors.RunError` whose ``run``
+(``finish == "error"``) keeps every step, call and result up to then, so a call that ran on its
+server is never lost. A server that says its tool list changed
+(``notifications/tools/list_changed``, e.g. after a call enabled a toolset) is listed again before
+the run's first step and before every later one: its tools in the registry are replaced
+(:func:`relisted`), ``on_registry`` hears the new registry (the
 :class:`~nexus_mlx.agent.orchestrator.Agent` rebuilds its router), the shown tools are chosen
 again, and the session splices the changed tool list like any other edit.
 
@@ -53,6 +64,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mlx.agent.mcp_server import McpServer
+from nexus_mlx.agent.review import (
+    EVERY_PART_PROMPT,
+    follow_up_prompt,
+    part_key,
+    unanswered_parts,
+    worth_asking,
+)
 from nexus_mlx.agent.session import Reply, Session, StepReport
 from nexus_mlx.agent.sidecar import surrogate
 from nexus_mlx.decode.call_format import ParsedCall
@@ -64,6 +82,7 @@ from nexus_mlx.tools.tool import Tool
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
 DEFAULT_RESULT_CHARS = 8000  # the latest results shown to the model: ~2-3K tokens each
 REQUEST_PLACEHOLDER = "{request}"
+DEFAULT_REVIEWS = 2  # completeness reviews per run (module docstring)
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
                          "call another tool if you still need one.")
 
@@ -200,6 +219,7 @@ def run_agent(
     result_chars: int | None = DEFAULT_RESULT_CHARS,
     call_timeout: float | None = None,
     answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
+    review: int = DEFAULT_REVIEWS,
     on_registry: Callable[[ToolRegistry], None] | None = None,
 ) -> AgentRun:
     """Answer ``request`` (see the module docstring; ``on_registry`` hears each registry a
@@ -212,6 +232,8 @@ def run_agent(
                             f"{answer_prompt!r}")
     check_positive_int("max_steps", max_steps)
     check_positive_int("payload_chars", payload_chars)
+    if isinstance(review, bool) or not isinstance(review, int) or review < 0:
+        raise ArgumentError(f"review must be an integer >= 0 (0: off), got {review!r}")
     if result_chars is not None:
         check_positive_int("result_chars", result_chars)
     if call_timeout is not None and (isinstance(call_timeout, bool)
@@ -224,7 +246,7 @@ def run_agent(
     run = AgentRun("", messages, "step_limit")
     steps = _Steps(session, registry, servers, tool_choice, max_tokens,
                    (payload_chars, result_chars), call_timeout, answer_prompt,
-                   (request, select_tools, on_registry))
+                   (request, select_tools, on_registry), review)
     try:
         for step in range(max_steps):
             if steps.take(run, step):
@@ -245,8 +267,8 @@ class _Steps:
                  tool_choice: str | Mapping[str, Any], max_tokens: int,
                  limits: tuple[int, int | None], call_timeout: float | None,
                  answer_prompt: str | None,
-                 shown: tuple[str, ToolSelector | None, Callable[[ToolRegistry], None] | None]
-                 ) -> None:
+                 shown: tuple[str, ToolSelector | None, Callable[[ToolRegistry], None] | None],
+                 reviews: int) -> None:
         self.session, self.registry, self.servers = session, registry, servers
         self.request, self.select_tools, self.on_registry = shown  # what chooses the tools shown
         self.names: list[str] = []
@@ -254,6 +276,9 @@ class _Steps:
         self.tool_choice, self.max_tokens = tool_choice, max_tokens
         self.limits, self.call_timeout = limits, call_timeout  # (payload_chars, result_chars)
         self.answer_prompt = answer_prompt
+        self.reviews_left = reviews  # completeness reviews this run may still ask for
+        self.parts_called = False  # a review found parts unanswered and a call was made
+        self.asked_parts: set[frozenset[str]] = set()  # parts a follow-up asked for (part_key)
         self.done_calls: set[str] = set()
         self.answer_in_words = prose_answer(session.tokenizer)
         self.refresh(force=True)  # the first step's tools, after any server's new list
@@ -279,11 +304,14 @@ class _Steps:
         if step:
             self.refresh()  # a call may have changed a server's tools (e.g. enabled a toolset)
         messages = run.messages
-        visible = pruned(messages, _last_step_start(messages), *self.limits)
+        base = pruned(messages, _last_step_start(messages), *self.limits)
+        visible = list(base)
         if self.answer_prompt is not None and messages[-1].get("role") == "tool":
-            visible.append({"role": "user", "content": answer_prompt_for(self.answer_prompt,
-                                                                         self.request)})
+            visible.append({"role": "user", "content": answer_prompt_for(
+                EVERY_PART_PROMPT if self.parts_called else self.answer_prompt, self.request)})
         reply = self._reply(run, step, visible)
+        if not reply.tool_calls and self.reviews_left and self.tools:
+            reply = self._reviewed(run, step, base, reply)
         run.replies.append(reply)
         run.steps.append(reply.report)
         self.done_calls.update(_key(c) for c in reply.tool_calls)
@@ -327,6 +355,35 @@ class _Steps:
             reply = generate(visible, tools, tool_choice="none", max_tokens=self.max_tokens,
                              logits_processors=[self.answer_in_words])
         return reply
+
+    def _reviewed(self, run: AgentRun, step: int, base: list[dict[str, Any]],
+                  answer: Reply) -> Reply:
+        """``answer``, or a call for a part of the request the model's review names as
+        unanswered (:mod:`~nexus_mlx.agent.review`; one review spent): the parts worth asking
+        for are asked for one at a time, and the first that makes a call not already made
+        wins."""
+        if answer.call_errors or answer.finish_reason == "length":
+            return answer
+        self.reviews_left -= 1
+        parts = unanswered_parts(self.session, base, self.tools, self.request)
+        asking = [p for p in parts
+                  if worth_asking(p, self.request, self.asked_parts, bool(run.executions))]
+        if parts and not asking:
+            run.regenerated.append(f"step {step}: review found {parts} unanswered; asked "
+                                   f"before or the whole request, no call asked")
+        for part in asking:
+            self.asked_parts.add(part_key(part))
+            reply = self.session.generate(
+                [*base, {"role": "user", "content": follow_up_prompt(part)}], self.tools,
+                tool_choice="required", max_tokens=self.max_tokens)
+            if reply.tool_calls and not all(_key(c) in self.done_calls for c in reply.tool_calls):
+                run.regenerated.append(f"step {step}: review found {part!r} unanswered; "
+                                       f"a call required")
+                self.parts_called = True
+                return reply
+        if asking:
+            run.regenerated.append(f"step {step}: review found {asking} unanswered; no new call")
+        return answer
 
 
 def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], registry: ToolRegistry,

@@ -38,6 +38,7 @@ import mlx.nn as nn
 from nexus_mlx._platform.mlx_thread import on_mlx_thread
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
+    DEFAULT_REVIEWS,
     AgentRun,
     check_positive_int,
     last_exchanges,
@@ -120,9 +121,10 @@ class Agent:
         max_steps: int = 6,
         max_tokens: int = 256,
         answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
+        review: int = DEFAULT_REVIEWS,
     ) -> AgentRun:
         """Answer ``request`` in the running conversation, calling tools as the model asks
-        (``answer_prompt``: see :func:`~nexus_mlx.agent.loop.run_agent`)."""
+        (``answer_prompt``, ``review``: see :func:`~nexus_mlx.agent.loop.run_agent`)."""
         with self.lock:
             if self.session is None:
                 self.session = Session(self.model, self.tokenizer)
@@ -137,7 +139,8 @@ class Agent:
                 result = run_agent(self.session, history, request, self.registry, self.servers,
                                    select_tools=select, tool_choice=tool_choice,
                                    max_steps=max_steps, max_tokens=max_tokens,
-                                   answer_prompt=answer_prompt, on_registry=self._take_registry)
+                                   answer_prompt=answer_prompt, review=review,
+                                   on_registry=self._take_registry)
             except RunError as exc:  # calls ran on their servers: the conversation keeps them
                 assert isinstance(exc.run, AgentRun)
                 self.history = exc.run.messages
