@@ -2,7 +2,8 @@
 the servers' own facts.
 
 Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--trials T] [--max-requests K]
-[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--tag T] [--quick]``
+[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--review N] [--tag T]
+[--quick]``
 starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with three commits
 and one modified file), then asks one conversation a list of requests (``--only``: those
 indices, in that order; ``--max-requests``: the exchanges it keeps, as ``Agent``'s option)
@@ -14,12 +15,17 @@ results, until the model answers in text. Each answer is checked against facts c
 independently of the model: the last commit's subject, the repository's modified file (and no
 other of its files), the three commit subjects, the time in Tokyo (at the last commit, which is
 dated long before the run, within two minutes; now, any minute from two before the request to
-two after its answer), and a fixed time-zone conversion. The JSON records every request's calls
-(name, arguments, the server's verdict), answer, checks, the loop's retries (``regenerated``),
-steps and timings.
+two after its answer; in London too), and time-zone conversions (computed for today's date).
+Requests 0 and 5-7 have two parts each (0: the second needs the first's result; 5-7: each part
+its own tool). ``--review N``: the loop's completeness reviews per request
+(:mod:`~nexus_mlx.agent.review`; 0: off). The JSON records every request's calls
+(name, arguments, the server's verdict), answer, checks, the loop's retries and reviews
+(``regenerated``), steps and timings.
 ``--trials`` repeats the conversation over a new repository each time: its path is in the
 requests, and a small model's choices change with such details, so one conversation is a noisy
-sample. The final line has ``correct`` (requests whose every check passed), ``n`` and
+sample. The final line has ``correct`` (requests whose every check passed), ``tools_ok``
+(requests where, for each part, a tool that answers it ran and its server accepted the call:
+whether the agent did the work, however its answer then reads), ``n`` and
 ``correct_per_trial``.
 """
 
@@ -46,12 +52,23 @@ from zoneinfo import ZoneInfo
 from agent_session import _git_repository
 
 from nexus_mlx import load
-from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, AgentRun, last_exchanges, run_agent
+from nexus_mlx.agent.loop import (
+    DEFAULT_ANSWER_PROMPT,
+    DEFAULT_REVIEWS,
+    AgentRun,
+    last_exchanges,
+    run_agent,
+)
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
 
 TOKYO = ZoneInfo("Asia/Tokyo")
+# the tools that answer each part of a request (any one of a group, succeeding, counts)
+LOG = ("git.git_log", "git.git_show")
+NOW = ("time.get_current_time",)
+CONVERT = ("time.convert_time",)
+CHANGES = ("git.git_status", "git.git_diff_unstaged", "git.git_diff")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -80,6 +97,16 @@ def _has_time(answer: str, moment: datetime.datetime,
     return bool(found & _clock_times(moment, until))
 
 
+def _converted(clock: str, source: str, target: str) -> set[str]:
+    """``clock`` (``HH:MM``) today in zone ``source``, in zone ``target``: 24- and 12-hour
+    forms (what mcp-server-time's convert_time computes, for today's date)."""
+    hour, minute = (int(x) for x in clock.split(":"))
+    moment = datetime.datetime.now(ZoneInfo(source)).replace(hour=hour, minute=minute, second=0,
+                                                             microsecond=0)
+    there = moment.astimezone(ZoneInfo(target))
+    return {there.strftime("%H:%M"), there.strftime("%I:%M").lstrip("0")}
+
+
 def requests_and_checks(repo: Path) -> list[tuple[str, dict[str, Any]]]:
     """The requests and, for each, what its answer must contain (computed from the repo)."""
     subjects = _git(repo, "log", "-3", "--format=%s").splitlines()
@@ -90,14 +117,26 @@ def requests_and_checks(repo: Path) -> list[tuple[str, dict[str, Any]]]:
     unmodified = sorted(set(_git(repo, "ls-files").splitlines()) - set(modified))
     return [
         (f"What changed in the last commit of the git repository at {repo}, and what time was "
-         "that in Tokyo?", {"contains": [last_file], "tokyo_time_at": committed}),
-        ("What time is it in Tokyo right now?", {"tokyo_time_now": True}),
+         "that in Tokyo?", {"contains": [last_file], "tokyo_time_at": committed,
+                               "tools": [LOG, CONVERT]}),
+        ("What time is it in Tokyo right now?", {"now_in": "Asia/Tokyo", "tools": [NOW]}),
         (f"Which files are modified but not committed in the repository at {repo}?",
-         {"contains": modified, "excludes": unmodified}),
+         {"contains": modified, "excludes": unmodified, "tools": [CHANGES]}),
         (f"Show me the three most recent commit messages of the repository at {repo}.",
-         {"contains": [s.split(":")[0].removeprefix("Add ").strip() for s in subjects]}),
-        ("Convert 14:30 in America/New_York to Europe/London time.", {"contains_any": ["19:30",
-                                                                                      "7:30"]}),
+         {"contains": [s.split(":")[0].removeprefix("Add ").strip() for s in subjects],
+          "tools": [LOG]}),
+        ("Convert 14:30 in America/New_York to Europe/London time.",
+         {"contains_any": ["19:30", "7:30"], "tools": [CONVERT]}),
+        # two independent parts, each its own tool
+        (f"What changed in the last commit of the repository at {repo}, and what time is it in "
+         "Tokyo right now?",
+         {"contains": [last_file], "now_in": "Asia/Tokyo", "tools": [LOG, NOW]}),
+        ("Convert 18:30 in Europe/Berlin to America/Los_Angeles time, and tell me the current "
+         "time in Tokyo.", {"contains_any": sorted(_converted("18:30", "Europe/Berlin",
+                                                              "America/Los_Angeles")),
+                            "now_in": "Asia/Tokyo", "tools": [CONVERT, NOW]}),
+        (f"What is the status of the repository at {repo}, and what time is it in London right "
+         "now?", {"contains": modified, "now_in": "Europe/London", "tools": [CHANGES, NOW]}),
     ]
 
 
@@ -116,18 +155,27 @@ def check(answer: str, expect: dict[str, Any], asked_at: datetime.datetime,
             n in text for n in expect["contains_any"])
     if "tokyo_time_at" in expect:
         out["Tokyo time at the commit"] = _has_time(answer, expect["tokyo_time_at"])
-    if expect.get("tokyo_time_now"):
-        out["Tokyo time now"] = _has_time(answer, asked_at.astimezone(TOKYO),
-                                          (answered_at or asked_at).astimezone(TOKYO))
+    if "now_in" in expect:
+        zone = ZoneInfo(expect["now_in"])
+        out[f"{expect['now_in']} time now"] = _has_time(answer, asked_at.astimezone(zone),
+                                                       (answered_at or asked_at).astimezone(zone))
     return out
 
 
-def _record(request: str, run: AgentRun, checks: dict[str, bool], seconds: float,
-            trial: int) -> dict[str, Any]:
+def tools_called(run: AgentRun, groups: list[tuple[str, ...]]) -> bool:
+    """Whether, for every part of the request, one of its tools ran and its server accepted
+    the call (the run's calls, however its answer reads)."""
+    ran = {e.name for e in run.executions if e.ok}
+    return all(ran & set(group) for group in groups)
+
+
+def _record(request: str, run: AgentRun, checks: dict[str, bool], tools_ok: bool,
+            seconds: float, trial: int) -> dict[str, Any]:
     return {"trial": trial, "request": request, "answer": run.answer, "finish": run.finish,
             "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
                        "output": e.output[:300]} for e in run.executions],
             "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
+            "tools_ok": tools_ok,
             "regenerated": run.regenerated,
             "steps": [{"path": s.path, "prompt_tokens": s.prompt_tokens, "reused": s.reused,
                        "spliced": s.spliced, "repaired": s.repaired, "computed": s.computed,
@@ -162,12 +210,14 @@ def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict
                     history = last_exchanges(history, args.max_requests - 1)
                 run = run_agent(session, history, request, registry, servers,
                                 tool_choice=args.tool_choice, max_steps=args.max_steps,
-                                max_tokens=args.max_tokens, answer_prompt=args.answer_prompt)
+                                max_tokens=args.max_tokens, answer_prompt=args.answer_prompt,
+                                review=args.review)
                 seconds = time.perf_counter() - start
                 history = run.messages
                 checks = check(run.answer, expect, asked_at,
                                datetime.datetime.now(datetime.timezone.utc))
-                records.append(_record(request, run, checks, seconds, trial))
+                records.append(_record(request, run, checks,
+                                       tools_called(run, expect.get("tools", [])), seconds, trial))
                 print(f"[{trial}] {request!r}\n  calls: "
                       f"{[(e.name, e.arguments, e.ok) for e in run.executions]}"
                       f"\n  answer: {run.answer.strip()[:300]!r}\n  checks: {checks} "
@@ -200,6 +250,8 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=None,
                         help="exchanges the conversation keeps, this one included (Agent's "
                              "max_requests; default: all)")
+    parser.add_argument("--review", type=int, default=DEFAULT_REVIEWS,
+                        help="completeness reviews per request (run_agent's review; 0: off)")
     parser.add_argument("--trials", type=int, default=1,
                         help="conversations, each over a new repository at a new path")
     add_tag_argument(parser)
@@ -214,9 +266,11 @@ def main() -> None:
     name = tagged_name("agent_run", args.tag)
     emit(name, {**model_record(args.model, model), "answer_prompt": args.answer_prompt,
                 "system": args.system, "tool_choice": args.tool_choice, "policy": args.policy,
-                "max_requests": args.max_requests, "trials": len(per_trial), "records": records,
+                "max_requests": args.max_requests, "review": args.review,
+                "trials": len(per_trial), "records": records,
                 "correct_per_trial": per_trial,
-                "correct": sum(r["correct"] for r in records), "n": len(records)}, args.quick)
+                "correct": sum(r["correct"] for r in records),
+                "tools_ok": sum(r["tools_ok"] for r in records), "n": len(records)}, args.quick)
 
 
 if __name__ == "__main__":

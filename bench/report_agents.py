@@ -104,8 +104,11 @@ def agent_run_section(d: dict[str, Any]) -> list[str]:
             for r in records(d.get("records"))]
     over = (f" over {trials} conversations (per conversation: "
             f"{', '.join(fmt(c) for c in d.get('correct_per_trial') or [])})" if trials > 1 else "")
+    tools = (f" The tools of every part ran and their servers accepted the calls in "
+             f"{fmt(d.get('tools_ok'))} of {fmt(d.get('n'))}; completeness reviews per request: "
+             f"{fmt(d.get('review'))}." if "tools_ok" in d else "")
     head = [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests{over} "
-            "(every check against the servers' own facts passed).", ""]
+            f"(every check against the servers' own facts passed).{tools}", ""]
     columns = ["request", "calls", "answer", "correct", "seconds"]
     return head + table((["trial"] if trials > 1 else []) + columns, rows)
 

@@ -3,8 +3,10 @@
 import datetime
 from zoneinfo import ZoneInfo
 
-from agent_run import check, requests_and_checks
+from agent_run import CHANGES, NOW, _converted, check, requests_and_checks, tools_called
 from agent_session import _git_repository
+
+from nexus_mlx.agent.loop import AgentRun, Execution
 
 TOKYO = ZoneInfo("Asia/Tokyo")
 MOMENT = datetime.datetime(2026, 12, 2, 5, 0, 32, tzinfo=TOKYO)
@@ -34,10 +36,13 @@ def test_mentions_are_case_insensitive_and_any_of_needs_one():
 def test_now_is_any_minute_between_the_request_and_its_answer():
     asked = MOMENT
     answered = MOMENT + datetime.timedelta(minutes=7)
-    expect = {"tokyo_time_now": True}
-    assert check("It is 05:06 in Tokyo", expect, asked, answered)["Tokyo time now"]
-    assert not check("It is 05:06 in Tokyo", expect, asked)["Tokyo time now"]
-    assert not check("It is 05:12 in Tokyo", expect, asked, answered)["Tokyo time now"]
+    expect = {"now_in": "Asia/Tokyo"}
+    assert check("It is 05:06 in Tokyo", expect, asked, answered)["Asia/Tokyo time now"]
+    assert not check("It is 05:06 in Tokyo", expect, asked)["Asia/Tokyo time now"]
+    assert not check("It is 05:12 in Tokyo", expect, asked, answered)["Asia/Tokyo time now"]
+    # London's clock, not Tokyo's: 05:00 in Tokyo on 2 December is 20:00 in London on the 1st
+    london = check("It is 20:03 in London", {"now_in": "Europe/London"}, asked, answered)
+    assert london == {"Europe/London time now": True}
 
 
 def test_the_last_commit_is_dated_far_from_now(tmp_path):
@@ -56,8 +61,33 @@ def test_the_modified_files_answer_names_the_modified_file_and_no_other(tmp_path
     """Listing every file of the repository must not pass for the one that is modified."""
     repo = _git_repository(tmp_path)
     expect = requests_and_checks(repo)[2][1]
-    assert expect == {"contains": ["parser.py"], "excludes": ["README.md", "login.py"]}
+    assert expect == {"contains": ["parser.py"], "excludes": ["README.md", "login.py"],
+                      "tools": [CHANGES]}
     assert all(check("Only parser.py is modified.", expect, MOMENT).values())
     listed = check("The files are login.py, parser.py and README.md.", expect, MOMENT)
     assert listed["mentions parser.py"] and not listed["does not name login.py"]
     assert not listed["does not name README.md"]
+
+
+def test_a_conversion_is_computed_for_today_in_both_clock_forms():
+    converted = _converted("18:30", "Europe/Berlin", "America/Los_Angeles")
+    today = datetime.datetime.now(ZoneInfo("Europe/Berlin")).replace(hour=18, minute=30)
+    there = today.astimezone(ZoneInfo("America/Los_Angeles"))
+    assert converted == {there.strftime("%H:%M"), there.strftime("%I:%M").lstrip("0")}
+    assert converted in ({"09:30", "9:30"}, {"10:30"}, {"08:30", "8:30"})  # 8-10 h apart
+
+
+def _run(*executions: tuple[str, bool]) -> AgentRun:
+    return AgentRun("", [], "answer", executions=[Execution(name, {}, ok, "", 0.0)
+                                                  for name, ok in executions])
+
+
+def test_each_part_needs_one_of_its_tools_accepted_by_its_server():
+    groups = [CHANGES, NOW]
+    assert tools_called(_run(("git.git_status", True), ("time.get_current_time", True)), groups)
+    assert tools_called(_run(("git.git_diff_unstaged", True), ("time.get_current_time", True),
+                             ("git.git_log", True)), groups)
+    assert not tools_called(_run(("git.git_status", True)), groups)  # one part left undone
+    assert not tools_called(_run(("git.git_status", True), ("time.get_current_time", False)),
+                            groups)  # its server refused the call
+    assert tools_called(_run(), [])

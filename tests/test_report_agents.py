@@ -85,6 +85,8 @@ CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 4
          (agent_run_section, AGENT_RUNS, "| 1 | Time in Tokyo? | get_current_time (refused) | "),
          (agent_run_section, AGENT_RUNS, "1 of 2 requests over 2 conversations (per "
                                          "conversation: 1, 0)"),
+         (agent_run_section, {**AGENT_RUN, "tools_ok": 2, "review": 2},
+          "accepted the calls in 2 of 2; completeness reviews per request: 2."),
          (function_calling_section, CALLS, "| routing accuracy | 0.800 | [0.700, 0.870] | 0.85 |"),
          (function_calling_section, {**CALLS, "call_accuracy_ungrounded": 0.41,
                                      "call_accuracy_ungrounded_ci": [0.3, 0.52]},
