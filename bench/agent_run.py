@@ -77,24 +77,44 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _clock_times(moment: datetime.datetime, until: datetime.datetime | None = None) -> set[str]:
-    """``HH:MM`` strings from two minutes before ``moment`` to two minutes after ``until``
-    (default ``moment``), in 24-hour and 12-hour forms."""
+    """24-hour ``HH:MM`` strings from two minutes before ``moment`` to two minutes after
+    ``until`` (default ``moment``)."""
     out = set()
     t, last = moment - datetime.timedelta(minutes=2), (until or moment) + datetime.timedelta(
         minutes=2)
     while t <= last:
-        out |= {t.strftime("%H:%M"), t.strftime("%I:%M").lstrip("0")}
+        out.add(t.strftime("%H:%M"))
         t += datetime.timedelta(minutes=1)
+    return out
+
+
+_CLOCK = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?::\d{2})?(?:\s*([ap])\.?\s?m\b\.?)?",
+                    re.IGNORECASE)
+
+
+def _stated_times(answer: str) -> set[str]:
+    """The 24-hour ``HH:MM`` times ``answer`` may mean: one per time marked AM or PM
+    (``6:16 PM`` is 18:16 only), both readings of an unmarked one of 1-12 hours written without
+    a leading zero (``5:01`` is 05:01 or 17:01), as written otherwise (``05:01``, ``17:01``). A time must not follow a digit or a colon, so a
+    time inside an ISO 8601 datetime (``2026-12-02T05:00:05+09:00``) counts and its ``MM:SS``
+    does not."""
+    out = set()
+    for hours, minutes, marker in _CLOCK.findall(answer):
+        hour = int(hours)
+        if marker and 1 <= hour <= 12:
+            out.add(f"{hour % 12 + (12 if marker.lower() == 'p' else 0):02d}:{minutes}")
+        elif 1 <= hour <= 12 and not hours.startswith("0"):
+            out |= {f"{hour % 12:02d}:{minutes}", f"{hour % 12 + 12:02d}:{minutes}"}
+        else:
+            out.add(f"{hour:02d}:{minutes}")
     return out
 
 
 def _has_time(answer: str, moment: datetime.datetime,
               until: datetime.datetime | None = None) -> bool:
-    """Whether ``answer`` states ``moment``'s clock time: ``HH:MM`` not preceded by a digit or a
-    colon, so a time inside an ISO 8601 datetime (``2026-12-02T05:00:05+09:00``) counts and its
-    ``MM:SS`` does not."""
-    found = set(re.findall(r"(?<![\d:])(\d{1,2}:\d{2})", answer))
-    return bool(found & _clock_times(moment, until))
+    """Whether ``answer`` states ``moment``'s clock time (from ``moment`` to ``until``, two
+    minutes either side; :func:`_stated_times`)."""
+    return bool(_stated_times(answer) & _clock_times(moment, until))
 
 
 def _converted(clock: str, source: str, target: str) -> set[str]:

@@ -19,6 +19,20 @@ def test_clock_time_in_words_and_in_iso_datetimes():
         assert check(answer, expect, MOMENT)["Tokyo time at the commit"], answer
 
 
+def test_am_and_pm_decide_the_hour():
+    expect = {"tokyo_time_at": MOMENT}  # 05:00 in Tokyo
+    for right in ("5:00 AM", "5:00:32 a.m.", "05:00", "at 5:00"):
+        assert check(right, expect, MOMENT)["Tokyo time at the commit"], right
+    for wrong in ("5:00 PM", "5:00:32 pm", "17:00"):
+        assert not check(wrong, expect, MOMENT)["Tokyo time at the commit"], wrong
+    evening = {"tokyo_time_at": MOMENT.replace(hour=17)}
+    assert check("5:00 pm", evening, MOMENT)["Tokyo time at the commit"]
+    assert not check("05:00", evening, MOMENT)["Tokyo time at the commit"]
+    midnight = {"tokyo_time_at": MOMENT.replace(hour=0, minute=5)}
+    assert check("12:05 AM", midnight, MOMENT)["Tokyo time at the commit"]
+    assert not check("12:05 PM", midnight, MOMENT)["Tokyo time at the commit"]
+
+
 def test_seconds_and_offsets_are_not_read_as_the_clock_time():
     expect = {"tokyo_time_at": datetime.datetime(2026, 12, 2, 0, 5, tzinfo=TOKYO)}
     # 05:00:32+09:00 holds "00:32" (seconds) and "09:00" (the offset), never 00:05
