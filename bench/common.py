@@ -168,6 +168,24 @@ def paired_ratio_ci(
     return median_ci(a / b, n_boot, seed, alpha)
 
 
+def switched_trials(switch: Callable[[bool], object], fn: Callable[[], Any], trials: int
+                    ) -> tuple[list[float], list[float], list[tuple[bool, Any]]]:
+    """Milliseconds of ``fn`` with ``switch(True)`` and ``switch(False)`` in force, one of each
+    per trial, the order alternating (for :func:`paired_ratio_ci`), and ``(state, fn())`` of
+    every run in order; the switch is left on."""
+    on: list[float] = []
+    off: list[float] = []
+    outputs: list[tuple[bool, Any]] = []
+    for trial in range(trials):
+        for state in ((True, False) if trial % 2 == 0 else (False, True)):
+            switch(state)
+            start = time.perf_counter()
+            outputs.append((state, fn()))
+            (on if state else off).append((time.perf_counter() - start) * 1e3)
+    switch(True)
+    return on, off, outputs
+
+
 def result_path(name: str, quick: bool) -> Path:
     """Where benchmark ``name`` writes its JSON: results/<name>.json or results/quick/<name>.json."""
     return ROOT / "results" / ("quick" if quick else "") / f"{name}.json"

@@ -28,6 +28,7 @@ from common import (  # first: loads nexus_mlx + fast BLAS
     emit,
     model_record,
     paired_ratio_ci,
+    switched_trials,
     tagged_name,
 )
 
@@ -54,14 +55,7 @@ DEPTH = 512
 
 def paired(fn: Callable[[], object], trials: int) -> tuple[list[float], list[float]]:
     """Milliseconds of ``fn`` with the routing on and off, alternating which goes first."""
-    on, off = [], []
-    for trial in range(trials):
-        for state in ((True, False) if trial % 2 == 0 else (False, True)):
-            set_skinny_routing(state)
-            start = time.perf_counter()
-            fn()
-            (on if state else off).append((time.perf_counter() - start) * 1e3)
-    set_skinny_routing(True)
+    on, off, _ = switched_trials(set_skinny_routing, fn, trials)
     return on, off
 
 

@@ -29,6 +29,7 @@ from common import ( # first: nexus_mlx + BLAS
     emit,
     model_record,
     paired_ratio_ci,
+    switched_trials,
     tagged_name,
 )
 
@@ -57,15 +58,7 @@ DEPTH = 512
 
 def paired(fn: Callable[[], Any], trials: int) -> tuple[list[float], list[float], list[Any]]:
     """Milliseconds of ``fn`` with twins on and off (order alternating), and its outputs."""
-    on, off, outputs = [], [], []
-    for trial in range(trials):
-        for state in ((True, False) if trial % 2 == 0 else (False, True)):
-            set_twin_routing(state)
-            start = time.perf_counter()
-            outputs.append((state, fn()))
-            (on if state else off).append((time.perf_counter() - start) * 1e3)
-    set_twin_routing(True)
-    return on, off, outputs
+    return switched_trials(set_twin_routing, fn, trials)
 
 
 def summary(on: list[float], off: list[float], per: int, unit: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from common import median_ci, paired_ratio_ci, ratio_ci
+from common import median_ci, paired_ratio_ci, ratio_ci, switched_trials
 
 
 def drifting_pairs(rounds: int, ratio: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -55,3 +55,12 @@ def test_median_ci_brackets_the_median() -> None:
     median, lo, hi = median_ci(values)
     assert lo <= median <= hi
     assert median == pytest.approx(float(np.median(values)))
+
+
+def test_switched_trials_alternate_the_order_and_leave_the_switch_on() -> None:
+    states: list[bool] = []
+    on, off, outputs = switched_trials(states.append, lambda: states[-1], trials=3)
+    assert states == [True, False, False, True, True, False, True]  # last: left on
+    assert [state for state, _ in outputs] == states[:-1]
+    assert all(state == out for state, out in outputs)  # each run saw its own state
+    assert len(on) == len(off) == 3 and all(t >= 0 for t in on + off)
