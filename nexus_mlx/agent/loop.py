@@ -69,6 +69,7 @@ from nexus_mlx.agent.review import (
     follow_up_prompt,
     part_key,
     unanswered_parts,
+    with_request,
     worth_asking,
 )
 from nexus_mlx.agent.session import Reply, Session, StepReport
@@ -81,16 +82,9 @@ from nexus_mlx.tools.tool import Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
 DEFAULT_RESULT_CHARS = 8000  # the latest results shown to the model: ~2-3K tokens each
-REQUEST_PLACEHOLDER = "{request}"
 DEFAULT_REVIEWS = 2  # completeness reviews per run (module docstring)
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
                          "call another tool if you still need one.")
-
-
-def answer_prompt_for(answer_prompt: str, request: str) -> str:
-    """``answer_prompt`` with each ``{request}`` replaced by the request's text (the only
-    placeholder; other braces stay as written)."""
-    return answer_prompt.replace(REQUEST_PLACEHOLDER, request.strip())
 
 
 @dataclass(frozen=True)
@@ -307,7 +301,7 @@ class _Steps:
         base = pruned(messages, _last_step_start(messages), *self.limits)
         visible = list(base)
         if self.answer_prompt is not None and messages[-1].get("role") == "tool":
-            visible.append({"role": "user", "content": answer_prompt_for(
+            visible.append({"role": "user", "content": with_request(
                 EVERY_PART_PROMPT if self.parts_called else self.answer_prompt, self.request)})
         reply = self._reply(run, step, visible)
         if not reply.tool_calls and self.reviews_left and self.tools:

@@ -33,6 +33,7 @@ from typing import Any
 
 from nexus_mlx.agent.session import Reply, Session
 
+REQUEST_PLACEHOLDER = "{request}"  # stands for the request's text in the prompts here
 MAX_PARTS = 4
 WHOLE_REQUEST = 0.9  # the share of the request's words that makes a part the whole request
 REVIEW_TOKENS = 160  # enough for both lists of a request of a few parts
@@ -54,11 +55,17 @@ REVIEW_SCHEMA: dict[str, Any] = {
 }
 
 
+def with_request(prompt: str, request: str) -> str:
+    """``prompt`` with each ``{request}`` replaced by the request's text, stripped (the only
+    placeholder; other braces stay as written). The loop's answer prompts use it too."""
+    return prompt.replace(REQUEST_PLACEHOLDER, request.strip())
+
+
 def review_reply(session: Session, visible: Sequence[Mapping[str, Any]],
                  tools: Sequence[Mapping[str, Any]], request: str,
                  prompt: str = DEFAULT_REVIEW_PROMPT) -> Reply:
     """The model's review of ``visible`` (a JSON object under :data:`REVIEW_SCHEMA`)."""
-    question = prompt.replace("{request}", request.strip())
+    question = with_request(prompt, request)
     return session.generate([*visible, {"role": "user", "content": question}], tools,
                             tool_choice="none", max_tokens=REVIEW_TOKENS,
                             response_format={"type": "json_schema", "json_schema": {
