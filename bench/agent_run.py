@@ -2,8 +2,8 @@
 the servers' own facts.
 
 Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--trials T] [--max-requests K]
-[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--review N] [--tag T]
-[--quick]``
+[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--review N]
+[--approve all|read-only] [--tag T] [--quick]``
 starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with three commits
 and one modified file), then asks one conversation a list of requests (``--only``: those
 indices, in that order; ``--max-requests``: the exchanges it keeps, as ``Agent``'s option)
@@ -18,7 +18,9 @@ dated long before the run, within two minutes; now, any minute from two before t
 two after its answer; in London too), and time-zone conversions (computed for today's date).
 Requests 0 and 5-7 have two parts each (0: the second needs the first's result; 5-7: each part
 its own tool). ``--review N``: the loop's completeness reviews per request
-(:mod:`~nexus_mlx.agent.review`; 0: off). The JSON records every request's calls
+(:mod:`~nexus_mlx.agent.review`; 0: off). ``--approve read-only``: only calls to tools that
+declare themselves read-only run (:data:`~nexus_mlx.agent.approval.READ_ONLY`; default: all).
+The JSON records every request's calls
 (name, arguments, the server's verdict), answer, checks, the loop's retries and reviews
 (``regenerated``), steps and timings.
 ``--trials`` repeats the conversation over a new repository each time: its path is in the
@@ -59,6 +61,7 @@ from nexus_mlx.agent.loop import (
     last_exchanges,
     run_agent,
 )
+from nexus_mlx.agent.approval import READ_ONLY
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
@@ -193,7 +196,8 @@ def _record(request: str, run: AgentRun, checks: dict[str, bool], tools_ok: bool
             seconds: float, trial: int) -> dict[str, Any]:
     return {"trial": trial, "request": request, "answer": run.answer, "finish": run.finish,
             "calls": [{"name": e.name, "arguments": e.arguments, "ok": e.ok,
-                       "output": e.output[:300]} for e in run.executions],
+                       "approved": e.approved, "output": e.output[:300]}
+                      for e in run.executions],
             "checks": checks, "correct": run.finish == "answer" and all(checks.values()),
             "tools_ok": tools_ok,
             "regenerated": run.regenerated,
@@ -231,7 +235,8 @@ def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict
                 run = run_agent(session, history, request, registry, servers,
                                 tool_choice=args.tool_choice, max_steps=args.max_steps,
                                 max_tokens=args.max_tokens, answer_prompt=args.answer_prompt,
-                                review=args.review)
+                                review=args.review,
+                                approve=READ_ONLY if args.approve == "read-only" else None)
                 seconds = time.perf_counter() - start
                 history = run.messages
                 checks = check(run.answer, expect, asked_at,
@@ -272,6 +277,8 @@ def main() -> None:
                              "max_requests; default: all)")
     parser.add_argument("--review", type=int, default=DEFAULT_REVIEWS,
                         help="completeness reviews per request (run_agent's review; 0: off)")
+    parser.add_argument("--approve", default="all", choices=("all", "read-only"),
+                        help="which calls run: every one, or only read-only tools' (READ_ONLY)")
     parser.add_argument("--trials", type=int, default=1,
                         help="conversations, each over a new repository at a new path")
     add_tag_argument(parser)
@@ -287,6 +294,7 @@ def main() -> None:
     emit(name, {**model_record(args.model, model), "answer_prompt": args.answer_prompt,
                 "system": args.system, "tool_choice": args.tool_choice, "policy": args.policy,
                 "max_requests": args.max_requests, "review": args.review,
+                "approve": args.approve,
                 "trials": len(per_trial), "records": records,
                 "correct_per_trial": per_trial,
                 "correct": sum(r["correct"] for r in records),

@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "build_router": "nexus_mlx.routing.router",
     # agents
     "Agent": "nexus_mlx.agent.orchestrator",
+    "ApprovalPolicy": "nexus_mlx.agent.approval",
+    "READ_ONLY": "nexus_mlx.agent.approval",
     "McpServer": "nexus_mlx.agent.mcp_server",
     "ServerSpec": "nexus_mlx.agent.mcp_server",
     "RadixArena": "nexus_mlx.agent.radix_arena",
@@ -117,6 +119,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from nexus_mlx.agent.approval import READ_ONLY, ApprovalPolicy
     from nexus_mlx.agent.mcp_server import McpServer, ServerSpec
     from nexus_mlx.agent.orchestrator import Agent
     from nexus_mlx.agent.radix_arena import RadixArena

@@ -37,9 +37,13 @@ session sees, an edit in the middle of the conversation that the session repairs
 re-encoding; the latest results are shown up to ``result_chars`` characters each (default
 :data:`DEFAULT_RESULT_CHARS`; the run's ``messages`` keep them whole); while the calls run on their
 servers the session heals the rows its repairs left stale
-(:meth:`~nexus_mlx.agent.session.Session.heal`). A call the model makes to an unknown tool, or that
-its server refuses or fails, becomes the tool's result text (``error: ...``), so the model can
-recover; the :class:`Execution` records say which calls succeeded. Any other failure (the model or
+(:meth:`~nexus_mlx.agent.session.Session.heal`). ``approve`` (None: every call runs) is asked
+about each call to a registry tool before any call of its step runs; a call it refuses is never
+sent (:mod:`~nexus_mlx.agent.approval`; :data:`~nexus_mlx.agent.approval.READ_ONLY` runs only the
+tools that declare themselves read-only). A call the approval refuses, that names an unknown
+tool, or that its server refuses or fails, becomes the tool's result text (``error: ...``), so
+the model can recover; the :class:`Execution` records say which calls succeeded (and
+``approved`` which the policy refused). Any other failure (the model or
 the cache failed, a failed heal, a conversation that outgrew the context) propagates as it is while
 no call has run; after one has, it is raised as :class:`~nexus_mlx.errors.RunError` whose ``run``
 (``finish == "error"``) keeps every step, call and result up to then, so a call that ran on its
@@ -63,6 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from nexus_mlx.agent.approval import CallApproval, check_approval, effect
 from nexus_mlx.agent.mcp_server import McpServer
 from nexus_mlx.agent.review import (
     EVERY_PART_PROMPT,
@@ -94,6 +99,7 @@ class Execution:
     ok: bool
     output: str
     seconds: float
+    approved: bool = True  # False: the run's approval policy refused it; it never ran
 
 
 @dataclass
@@ -214,6 +220,7 @@ def run_agent(
     call_timeout: float | None = None,
     answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
     review: int = DEFAULT_REVIEWS,
+    approve: CallApproval | None = None,
     on_registry: Callable[[ToolRegistry], None] | None = None,
 ) -> AgentRun:
     """Answer ``request`` (see the module docstring; ``on_registry`` hears each registry a
@@ -230,6 +237,7 @@ def run_agent(
         raise ArgumentError(f"review must be an integer >= 0 (0: off), got {review!r}")
     if result_chars is not None:
         check_positive_int("result_chars", result_chars)
+    check_approval(approve)
     if call_timeout is not None and (isinstance(call_timeout, bool)
                                      or not isinstance(call_timeout, (int, float))
                                      or not call_timeout > 0):
@@ -240,7 +248,7 @@ def run_agent(
     run = AgentRun("", messages, "step_limit")
     steps = _Steps(session, registry, servers, tool_choice, max_tokens,
                    (payload_chars, result_chars), call_timeout, answer_prompt,
-                   (request, select_tools, on_registry), review)
+                   (request, select_tools, on_registry), review, approve)
     try:
         for step in range(max_steps):
             if steps.take(run, step):
@@ -262,8 +270,9 @@ class _Steps:
                  limits: tuple[int, int | None], call_timeout: float | None,
                  answer_prompt: str | None,
                  shown: tuple[str, ToolSelector | None, Callable[[ToolRegistry], None] | None],
-                 reviews: int) -> None:
+                 reviews: int, approve: CallApproval | None) -> None:
         self.session, self.registry, self.servers = session, registry, servers
+        self.approve = approve
         self.request, self.select_tools, self.on_registry = shown  # what chooses the tools shown
         self.names: list[str] = []
         self.tools: list[dict[str, Any]] = []
@@ -319,7 +328,7 @@ class _Steps:
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for cid, c in zip(ids, reply.tool_calls, strict=True)]})
         done, heal_error = _execute_while_healing(self.session, reply.tool_calls, self.registry,
-                                                  self.servers, self.call_timeout)
+                                                  self.servers, self.call_timeout, self.approve)
         for cid, (call, execution) in zip(ids, done, strict=True):
             run.executions.append(execution)
             messages.append({"role": "tool", "tool_call_id": cid, "name": call.name,
@@ -380,16 +389,34 @@ class _Steps:
         return answer
 
 
+def refusal(call: ParsedCall, registry: ToolRegistry, approve: CallApproval | None
+             ) -> Execution | None:
+    """The result of ``call`` when ``approve`` refuses it (it is not run), else None; calls to
+    tools outside the registry are not put to it (they fail as unknown tools)."""
+    if approve is None or call.name not in registry.names():
+        return None
+    tool = registry.get(call.name)
+    if approve(call, tool):
+        return None
+    return Execution(call.name, call.arguments, False,
+                     f"error: {call.name} was not run: the approval policy refused it (the tool "
+                     f"{effect(tool)}). Answer without it, or use another tool.", 0.0,
+                     approved=False)
+
+
 def _execute_while_healing(session: Session, calls: Sequence[ParsedCall], registry: ToolRegistry,
-                           servers: Mapping[str, McpServer], timeout: float | None
+                           servers: Mapping[str, McpServer], timeout: float | None,
+                           approve: CallApproval | None = None,
                            ) -> tuple[list[tuple[ParsedCall, Execution]], Exception | None]:
-    """Run the calls on their servers in a worker thread while this thread heals the session's
-    stale rows (MLX work stays on the caller's thread); waits for both, so the next step always
-    sees a fully healed cache whatever the servers' timing. A failed heal (the session is left
-    as it was) is returned beside the calls' results, never in place of them."""
+    """Run the calls ``approve`` does not refuse (asked here, on the caller's thread, before
+    any runs) on their servers in a worker thread while this thread heals the session's stale
+    rows (MLX work stays on the caller's thread); waits for both, so the next step always sees
+    a fully healed cache whatever the servers' timing. A failed heal (the session is left as it
+    was) is returned beside the calls' results, never in place of them."""
+    refused = [refusal(c, registry, approve) for c in calls]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nexus-tool-call") as pool:
-        pending = pool.submit(lambda: [(c, execute_call(c, registry, servers, timeout))
-                                       for c in calls])
+        pending = pool.submit(lambda: [(c, r or execute_call(c, registry, servers, timeout))
+                                       for c, r in zip(calls, refused, strict=True)])
         heal_error: Exception | None = None
         try:
             session.heal()

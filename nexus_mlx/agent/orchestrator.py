@@ -36,6 +36,7 @@ from typing import Any
 import mlx.nn as nn
 
 from nexus_mlx._platform.mlx_thread import on_mlx_thread
+from nexus_mlx.agent.approval import CallApproval
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
     DEFAULT_REVIEWS,
@@ -122,9 +123,11 @@ class Agent:
         max_tokens: int = 256,
         answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
         review: int = DEFAULT_REVIEWS,
+        approve: CallApproval | None = None,
     ) -> AgentRun:
         """Answer ``request`` in the running conversation, calling tools as the model asks
-        (``answer_prompt``, ``review``: see :func:`~nexus_mlx.agent.loop.run_agent`)."""
+        (``answer_prompt``, ``review``, ``approve``: which calls may run, see
+        :func:`~nexus_mlx.agent.loop.run_agent`)."""
         with self.lock:
             if self.session is None:
                 self.session = Session(self.model, self.tokenizer)
@@ -140,6 +143,7 @@ class Agent:
                                    select_tools=select, tool_choice=tool_choice,
                                    max_steps=max_steps, max_tokens=max_tokens,
                                    answer_prompt=answer_prompt, review=review,
+                                   approve=approve,
                                    on_registry=self._take_registry)
             except RunError as exc:  # calls ran on their servers: the conversation keeps them
                 assert isinstance(exc.run, AgentRun)

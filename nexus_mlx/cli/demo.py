@@ -29,6 +29,7 @@ from typing import Any
 import mlx.core as mx
 
 import nexus_mlx
+from nexus_mlx.agent.approval import READ_ONLY
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.orchestrator import Agent
 from nexus_mlx.blocks.compile import compile_block, compile_directory
@@ -224,7 +225,7 @@ def run_demo(model_spec: str = "default", extra_tools: Sequence[Path] = (), say:
         say(f"  ({len(report.written)} written, {len(report.up_to_date)} up to date)")
         _splice_showcase(model, tokenizer, registry, say)
         agent = Agent(model, tokenizer, registry, router, servers, max_argument_tokens=48)
-        executable = {t.qualified_name for t in live if t.annotations.get("readOnlyHint")}
+        executable = {t.qualified_name for t in live if READ_ONLY.allows(t)}
         outcomes = [_answer(agent, request.format(repo=repo), executable, say)
                     for request in REQUESTS]
         for line in outcome_summary(outcomes, sorted(servers)):

@@ -3,9 +3,9 @@
 Contract: ``session_showcase(model, tokenizer, registry, servers, repo, say)`` runs a short
 multi-turn conversation over the live tools with one :class:`~nexus_mlx.agent.session.Session`:
 two requests answered by the agent loop (tool calls in the model's own format executed on the
-live servers, results appended), then the two edits agents make — the tool list changes (one
-tool removed) and a stale bulky tool result is cut to a surrogate — each applied to the same
-live cache. Every step prints its path and what it reused, spliced, repaired and computed; the
+live servers, results appended; only tools that declare themselves read-only run), then the two
+edits agents make — the tool list changes (one tool removed) and a stale bulky tool result is
+cut to a surrogate — each applied to the same live cache. Every step prints its path and what it reused, spliced, repaired and computed; the
 edit steps also print the next-token KL and top-1 agreement against a fresh prefill of the same
 request (the session's debug check). Returns the number of calls the servers accepted.
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nexus_mlx.agent.approval import READ_ONLY
 from nexus_mlx.agent.loop import AgentRun, openai_tool, run_agent
 from nexus_mlx.agent.mcp_server import McpServer
 from nexus_mlx.agent.session import Session, StepReport
@@ -43,7 +44,7 @@ def _show_run(run: AgentRun, say: Say) -> int:
         say(describe_step(f"step {i + 1}", report))
     accepted = 0
     for done in run.executions:
-        verdict = "accepted" if done.ok else "refused"
+        verdict = "accepted" if done.ok else "refused" if done.approved else "not approved"
         accepted += done.ok
         say(f"    call {done.name}({done.arguments}) -> {verdict}: {done.output[:100]!r}")
     say(f"  answer: {run.answer.strip()[:160]!r}" if run.finish == "answer"
@@ -73,7 +74,7 @@ def session_showcase(
         say(f"request: {request!r}")
         start = time.perf_counter()
         run = run_agent(session, history, request, live, servers, tool_choice="required",
-                        max_steps=2, max_tokens=max_tokens)
+                        max_steps=2, max_tokens=max_tokens, approve=READ_ONLY)
         accepted += _show_run(run, say)
         say(f"  ({time.perf_counter() - start:.1f} s)")
         history = run.messages
