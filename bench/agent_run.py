@@ -2,7 +2,7 @@
 the servers' own facts.
 
 Contract: ``python bench/agent_run.py [--model M] [--only I,J] [--trials T] [--max-requests K]
-[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--review N]
+[--system TEXT] [--tool-choice C] [--policy P] [--answer-prompt TEXT] [--review 0|1]
 [--approve all|read-only] [--tag T] [--quick]``
 starts ``mcp-server-time`` and ``mcp-server-git`` (on a temporary repository with three commits
 and one modified file), then asks one conversation a list of requests (``--only``: those
@@ -17,8 +17,8 @@ other of its files), the three commit subjects, the time in Tokyo (at the last c
 dated long before the run, within two minutes; now, any minute from two before the request to
 two after its answer; in London too), and time-zone conversions (computed for today's date).
 Requests 0 and 5-7 have two parts each (0: the second needs the first's result; 5-7: each part
-its own tool). ``--review N``: the loop's completeness reviews per request
-(:mod:`~nexus_mlx.agent.review`; 0: off). ``--approve read-only``: only calls to tools that
+its own tool). ``--review 0|1``: the loop's completeness review off or on
+(:mod:`~nexus_mlx.agent.review`). ``--approve read-only``: only calls to tools that
 declare themselves read-only run (:data:`~nexus_mlx.agent.approval.READ_ONLY`; default: all).
 The JSON records every request's calls
 (name, arguments, the server's verdict), answer, checks, the loop's retries and reviews
@@ -56,7 +56,6 @@ from agent_session import _git_repository
 from nexus_mlx import load
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
-    DEFAULT_REVIEWS,
     AgentRun,
     last_exchanges,
     run_agent,
@@ -235,7 +234,7 @@ def conversation(model: Any, tokenizer: Any, args: Any, trial: int) -> list[dict
                 run = run_agent(session, history, request, registry, servers,
                                 tool_choice=args.tool_choice, max_steps=args.max_steps,
                                 max_tokens=args.max_tokens, answer_prompt=args.answer_prompt,
-                                review=args.review,
+                                review=bool(args.review),
                                 approve=READ_ONLY if args.approve == "read-only" else None)
                 seconds = time.perf_counter() - start
                 history = run.messages
@@ -275,8 +274,8 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=None,
                         help="exchanges the conversation keeps, this one included (Agent's "
                              "max_requests; default: all)")
-    parser.add_argument("--review", type=int, default=DEFAULT_REVIEWS,
-                        help="completeness reviews per request (run_agent's review; 0: off)")
+    parser.add_argument("--review", type=int, default=1, choices=(0, 1),
+                        help="the completeness review (run_agent's review): 1 on, 0 off")
     parser.add_argument("--approve", default="all", choices=("all", "read-only"),
                         help="which calls run: every one, or only read-only tools' (READ_ONLY)")
     parser.add_argument("--trials", type=int, default=1,

@@ -91,13 +91,20 @@ def server_section(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def _verdict(call: dict[str, Any]) -> str:
+    """How a recorded call ended, for the calls column ("" when its server accepted it)."""
+    if call.get("ok"):
+        return ""
+    return " (not approved)" if call.get("approved") is False else " (refused)"
+
+
 def agent_run_section(d: dict[str, Any]) -> list[str]:
     """``agent_run``: each multi-step request, its calls and whether every check passed; with
     several trials (conversations over new repositories), which trial each row is from."""
     trials = d.get("trials") if isinstance(d.get("trials"), int) else 1
     rows = [([fmt(r.get("trial"))] if trials > 1 else [])
             + [fmt(str(r.get("request", ""))[:70]),
-               fmt(", ".join(f"{c.get('name')}{'' if c.get('ok') else ' (refused)'}"
+               fmt(", ".join(f"{c.get('name')}{_verdict(c)}"
                              for c in records(r.get("calls"))) or "none"),
                fmt(str(r.get("answer", "")).strip().replace("\n", " ")[:90]),
                fmt(r.get("correct")), fmt(r.get("seconds"), ".0f")]
@@ -105,8 +112,8 @@ def agent_run_section(d: dict[str, Any]) -> list[str]:
     over = (f" over {trials} conversations (per conversation: "
             f"{', '.join(fmt(c) for c in d.get('correct_per_trial') or [])})" if trials > 1 else "")
     tools = (f" The tools of every part ran and their servers accepted the calls in "
-             f"{fmt(d.get('tools_ok'))} of {fmt(d.get('n'))}; completeness reviews per request: "
-             f"{fmt(d.get('review'))}." if "tools_ok" in d else "")
+             f"{fmt(d.get('tools_ok'))} of {fmt(d.get('n'))}; completeness review: "
+             f"{'on' if d.get('review') else 'off'}." if "tools_ok" in d else "")
     head = [f"Correct: {fmt(d.get('correct'))} of {fmt(d.get('n'))} requests{over} "
             f"(every check against the servers' own facts passed).{tools}", ""]
     columns = ["request", "calls", "answer", "correct", "seconds"]

@@ -153,7 +153,7 @@ def _reset_run(model, tokenizer, repo: Path, approve):
         return run_agent(_WritesTheReset(model, tokenizer, repo), [],
                          f"Unstage all staged changes in the git repository at {repo}.", registry,
                          {"git": server}, tool_choice="required", max_steps=1, max_tokens=8,
-                         review=0, approve=approve)
+                         review=False, approve=approve)
 
 
 def test_a_refused_call_never_reaches_its_server(default_model, staged_repo: Path):

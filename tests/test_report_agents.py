@@ -82,11 +82,17 @@ CASES = [(session_section, SESSION, "| repair-5 | delete | 12 | 150.0 | 6.00 | 4
          (agent_run_section, AGENT_RUN, "| What changed in the last commit? | git_show | "
                                         "It added the README. | yes | 41 |"),
          (agent_run_section, AGENT_RUN, "get_current_time (refused)"),
+         (agent_run_section, {**AGENT_RUN, "records": [{
+             **AGENT_RUN["records"][1], "calls": [{"name": "git_reset", "ok": False,
+                                                   "approved": False}]}]},
+          "git_reset (not approved)"),
          (agent_run_section, AGENT_RUNS, "| 1 | Time in Tokyo? | get_current_time (refused) | "),
          (agent_run_section, AGENT_RUNS, "1 of 2 requests over 2 conversations (per "
                                          "conversation: 1, 0)"),
-         (agent_run_section, {**AGENT_RUN, "tools_ok": 2, "review": 2},
-          "accepted the calls in 2 of 2; completeness reviews per request: 2."),
+         (agent_run_section, {**AGENT_RUN, "tools_ok": 2, "review": 1},
+          "accepted the calls in 2 of 2; completeness review: on."),
+         (agent_run_section, {**AGENT_RUN, "tools_ok": 2, "review": 0},
+          "accepted the calls in 2 of 2; completeness review: off."),
          (function_calling_section, CALLS, "| routing accuracy | 0.800 | [0.700, 0.870] | 0.85 |"),
          (function_calling_section, {**CALLS, "call_accuracy_ungrounded": 0.41,
                                      "call_accuracy_ungrounded_ci": [0.3, 0.52]},

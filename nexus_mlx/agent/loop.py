@@ -21,17 +21,18 @@ more user message at the end, ``answer_prompt`` (default :data:`DEFAULT_ANSWER_P
 none; ``{request}`` in it stands for the request's text): small models that recite the call and
 its result as JSON answer in words when asked to (Qwen2.5-Coder-0.5B does). It is shown only to
 that step, never kept in ``messages``, so the next step or request removes it from the live
-cache (an edit the session repairs). Before a reply without calls ends the run, up to ``review``
-times a run (:data:`DEFAULT_REVIEWS`; 0: off) the model is asked which parts of the request the
-tool results do not answer yet (:mod:`~nexus_mlx.agent.review`); where it names some, a call is
-required for each in turn (``tool_choice "required"``, the review's follow-up naming the part as
-the last message; not for a part already asked for, nor for the whole request once a call ran),
-and the first that is not a call already made is made instead of answering (else the answer
-stands; ``regenerated`` says which); the answer prompt of the steps after such a call asks for
-every part of the quoted request (:data:`~nexus_mlx.agent.review.EVERY_PART_PROMPT`, where
-``answer_prompt`` is not None). Qwen2.5-Coder-1.5B answers "what changed in the last commit, and
-what time is it in Tokyo now?" after the log's result alone, yet names the Tokyo part when
-asked, calls ``get_current_time`` for it and answers both parts. Tool results older than the
+cache (an edit the session repairs). With ``review`` (default True), before a reply without
+calls ends a run that made calls, the model splits the request into its parts
+(:mod:`~nexus_mlx.agent.review`; once a run) and, where it finds several, a call is required for
+each part not asked for yet (``tool_choice "required"``, the review's follow-up naming the part
+as the last message): a call already made means the part is covered; the calls not made yet are
+made together instead of answering (else the answer stands; ``regenerated`` says which), and the
+answer prompt of the steps after them asks for every part of the quoted request
+(:data:`~nexus_mlx.agent.review.EVERY_PART_PROMPT`, where ``answer_prompt`` is not None). A run
+that made no call is not reviewed: a required call cannot tell a request that needs a tool from
+one that does not. Qwen2.5-Coder-1.5B answers "what changed in the last commit, and what time
+is it in Tokyo now?" after the log's result alone, yet splits the request when asked, calls
+``get_current_time`` for the Tokyo part and answers both parts. Tool results older than the
 latest step and longer than ``payload_chars`` are replaced by a short surrogate in the messages the
 session sees, an edit in the middle of the conversation that the session repairs instead of
 re-encoding; the latest results are shown up to ``result_chars`` characters each (default
@@ -60,6 +61,7 @@ the deep cache.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,9 +75,8 @@ from nexus_mlx.agent.review import (
     EVERY_PART_PROMPT,
     follow_up_prompt,
     part_key,
-    unanswered_parts,
+    request_parts,
     with_request,
-    worth_asking,
 )
 from nexus_mlx.agent.session import Reply, Session, StepReport
 from nexus_mlx.agent.sidecar import surrogate
@@ -87,7 +88,6 @@ from nexus_mlx.tools.tool import Tool
 
 ToolSelector = Callable[[str], Sequence[str]]  # request -> qualified tool names to show
 DEFAULT_RESULT_CHARS = 8000  # the latest results shown to the model: ~2-3K tokens each
-DEFAULT_REVIEWS = 2  # completeness reviews per run (module docstring)
 DEFAULT_ANSWER_PROMPT = ("Using the tool results above, answer my question in plain words, or "
                          "call another tool if you still need one.")
 
@@ -219,7 +219,7 @@ def run_agent(
     result_chars: int | None = DEFAULT_RESULT_CHARS,
     call_timeout: float | None = None,
     answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
-    review: int = DEFAULT_REVIEWS,
+    review: bool = True,
     approve: CallApproval | None = None,
     on_registry: Callable[[ToolRegistry], None] | None = None,
 ) -> AgentRun:
@@ -233,8 +233,8 @@ def run_agent(
                             f"{answer_prompt!r}")
     check_positive_int("max_steps", max_steps)
     check_positive_int("payload_chars", payload_chars)
-    if isinstance(review, bool) or not isinstance(review, int) or review < 0:
-        raise ArgumentError(f"review must be an integer >= 0 (0: off), got {review!r}")
+    if not isinstance(review, bool):
+        raise ArgumentError(f"review must be True or False, got {review!r}")
     if result_chars is not None:
         check_positive_int("result_chars", result_chars)
     check_approval(approve)
@@ -270,7 +270,7 @@ class _Steps:
                  limits: tuple[int, int | None], call_timeout: float | None,
                  answer_prompt: str | None,
                  shown: tuple[str, ToolSelector | None, Callable[[ToolRegistry], None] | None],
-                 reviews: int, approve: CallApproval | None) -> None:
+                 review: bool, approve: CallApproval | None) -> None:
         self.session, self.registry, self.servers = session, registry, servers
         self.approve = approve
         self.request, self.select_tools, self.on_registry = shown  # what chooses the tools shown
@@ -279,8 +279,9 @@ class _Steps:
         self.tool_choice, self.max_tokens = tool_choice, max_tokens
         self.limits, self.call_timeout = limits, call_timeout  # (payload_chars, result_chars)
         self.answer_prompt = answer_prompt
-        self.reviews_left = reviews  # completeness reviews this run may still ask for
-        self.parts_called = False  # a review found parts unanswered and a call was made
+        self.review = review
+        self.parts: list[str] | None = None  # the request's parts, once the review split it
+        self.parts_called = False  # the review made calls a part needed
         self.asked_parts: set[frozenset[str]] = set()  # parts a follow-up asked for (part_key)
         self.done_calls: set[str] = set()
         self.answer_in_words = prose_answer(session.tokenizer)
@@ -313,7 +314,7 @@ class _Steps:
             visible.append({"role": "user", "content": with_request(
                 EVERY_PART_PROMPT if self.parts_called else self.answer_prompt, self.request)})
         reply = self._reply(run, step, visible)
-        if not reply.tool_calls and self.reviews_left and self.tools:
+        if not reply.tool_calls and self.review and self.tools and run.executions:
             reply = self._reviewed(run, step, base, reply)
         run.replies.append(reply)
         run.steps.append(reply.report)
@@ -361,32 +362,36 @@ class _Steps:
 
     def _reviewed(self, run: AgentRun, step: int, base: list[dict[str, Any]],
                   answer: Reply) -> Reply:
-        """``answer``, or a call for a part of the request the model's review names as
-        unanswered (:mod:`~nexus_mlx.agent.review`; one review spent): the parts worth asking
-        for are asked for one at a time, and the first that makes a call not already made
-        wins."""
+        """``answer``, or the calls the request's parts need that were not made yet
+        (:mod:`~nexus_mlx.agent.review`): the request is split once a run, and each part not
+        asked for before is asked for its call; the calls not made yet are made together."""
         if answer.call_errors or answer.finish_reason == "length":
             return answer
-        self.reviews_left -= 1
-        parts = unanswered_parts(self.session, base, self.tools, self.request)
-        asking = [p for p in parts
-                  if worth_asking(p, self.request, self.asked_parts, bool(run.executions))]
-        if parts and not asking:
-            run.regenerated.append(f"step {step}: review found {parts} unanswered; asked "
-                                   f"before or the whole request, no call asked")
+        if self.parts is None:
+            self.parts = request_parts(self.session, base, self.tools, self.request)
+        asking = [p for p in self.parts if part_key(p) not in self.asked_parts]
+        if len(self.parts) < 2 or not asking:
+            return answer
+        missing: list[ParsedCall] = []
+        first: Reply | None = None
         for part in asking:
             self.asked_parts.add(part_key(part))
             reply = self.session.generate(
                 [*base, {"role": "user", "content": follow_up_prompt(part)}], self.tools,
                 tool_choice="required", max_tokens=self.max_tokens)
-            if reply.tool_calls and not all(_key(c) in self.done_calls for c in reply.tool_calls):
-                run.regenerated.append(f"step {step}: review found {part!r} unanswered; "
-                                       f"a call required")
-                self.parts_called = True
-                return reply
-        if asking:
-            run.regenerated.append(f"step {step}: review found {asking} unanswered; no new call")
-        return answer
+            new = [c for c in reply.tool_calls if _key(c) not in self.done_calls
+                   and all(_key(c) != _key(m) for m in missing)]
+            if new:
+                run.regenerated.append(f"step {step}: review: part {part!r} needs "
+                                       f"{[c.name for c in new]}, not called yet")
+                missing.extend(new)
+                first = first or reply
+        if first is None:
+            run.regenerated.append(f"step {step}: review: each of {len(self.parts)} parts' "
+                                   f"calls was made")
+            return answer
+        self.parts_called = True
+        return dataclasses.replace(first, tool_calls=missing)
 
 
 def refusal(call: ParsedCall, registry: ToolRegistry, approve: CallApproval | None

@@ -39,7 +39,6 @@ from nexus_mlx._platform.mlx_thread import on_mlx_thread
 from nexus_mlx.agent.approval import CallApproval
 from nexus_mlx.agent.loop import (
     DEFAULT_ANSWER_PROMPT,
-    DEFAULT_REVIEWS,
     AgentRun,
     check_positive_int,
     last_exchanges,
@@ -122,7 +121,7 @@ class Agent:
         max_steps: int = 6,
         max_tokens: int = 256,
         answer_prompt: str | None = DEFAULT_ANSWER_PROMPT,
-        review: int = DEFAULT_REVIEWS,
+        review: bool = True,
         approve: CallApproval | None = None,
     ) -> AgentRun:
         """Answer ``request`` in the running conversation, calling tools as the model asks
