@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from nexus_mlx.agent.session import DEFAULT_GUARD
 from nexus_mlx.cli import commands
+from nexus_mlx.cli.agent_cmd import APPROVALS, cmd_agent
 from nexus_mlx.decode.lookahead import DEFAULT_DRAFT_TOKENS
 from nexus_mlx.errors import NexusError
 from nexus_mlx.server.engine import DEFAULT_IDLE_RELEASE_S, DEFAULT_TRIM_HEAP_S
@@ -66,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
              commands.cmd_demo)
     p.add_argument("--extra-tools", action="append", default=[], metavar="FILE",
                    help="a registry file whose tools are routed alongside the live ones (repeatable)")
+
+    p = _add(sub, "agent", "answer a request with the agent loop over live MCP servers, calling "
+             "their tools on one live session", cmd_agent)
+    p.add_argument("request", help="the user's request")
+    p.add_argument("--server", action="append", default=[], metavar="NAME=COMMAND",
+                   help="an MCP server to start: its namespace and its command line, e.g. "
+                   "'time=mcp-server-time' (repeatable)")
+    p.add_argument("--approve", default="read-only", choices=APPROVALS,
+                   help="which calls run: only read-only tools' (default); those and the ones "
+                   "you answer yes to at the terminal (ask); every call (all)")
+    p.add_argument("--tool-choice", default="auto",
+                   help="the first step's tool choice: auto, required, none or a tool's name")
+    p.add_argument("--max-steps", type=int, default=6, help="model steps at most")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per step at most")
+    p.add_argument("--no-review", action="store_true",
+                   help="do not split the request into parts and check each part's call")
 
     p = _add(sub, "compile", "compile a tool registry to .atb KV blocks", commands.cmd_compile)
     p.add_argument("--tools", required=True, help=TOOLS_HELP)
