@@ -182,3 +182,15 @@ def test_an_approved_call_runs_on_its_server(default_model, staged_repo: Path):
     assert done.approved and done.ok, done.output
     assert _git(staged_repo, "diff", "--cached", "--name-only") == ""  # the server unstaged it
     assert _git(staged_repo, "diff", "--name-only") == "notes.txt\n"  # the change itself stays
+
+
+def test_a_policy_that_fails_stops_the_run_before_any_call_is_sent(default_model,
+                                                                   staged_repo: Path):
+    model, tokenizer = default_model
+
+    def broken(call: ParsedCall, tool: Tool) -> bool:
+        raise RuntimeError("the approval service is down")
+
+    with pytest.raises(RuntimeError, match="approval service is down"):
+        _reset_run(model, tokenizer, staged_repo, broken)  # nothing ran: raised as it is
+    assert _git(staged_repo, "diff", "--cached", "--name-only") == "notes.txt\n"
