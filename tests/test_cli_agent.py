@@ -96,6 +96,10 @@ def test_the_terminal_answer_decides_and_no_answer_is_no():
     (["agent", "What time is it?"], "at least one --server"),
     (["agent", "q", "--server", "t=a", "--server", "t=b"], "names must differ"),
     (["agent", "q", "--server", "t=a", "--max-steps", "0"], "--max-steps must be a positive"),
+    (["agent", "q", "--server", "t=no-such-mcp-server-here"],
+     "cannot start MCP server 't' (no-such-mcp-server-here)"),
+    (["agent", "q", "--server", "t=" + shlex.quote(sys.executable) + " -m mcp_server_time",
+      "--tool-choice", "t.later"], "nor a tool the servers list"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, match, capsys):
     assert main(argv) == 2

@@ -116,11 +116,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     approve = approval(args.approve)
     checks.positive_int(args.max_steps, "--max-steps")
     checks.positive_int(args.max_tokens, "--max-tokens")
-    model, tokenizer = load(args.model)
-    with ExitStack() as stack:
+    with ExitStack() as stack:  # the servers first: a wrong command fails before a model loads
         servers = {spec.namespace or "": stack.enter_context(McpServer(spec)) for spec in specs}
         registry = ToolRegistry([t for server in servers.values() for t in server.list_tools()])
         choice = tool_choice(args.tool_choice, registry)
+        model, tokenizer = load(args.model)
         print(f"{len(registry)} tools from {', '.join(servers)}; approval: {args.approve}")
         run = run_agent(Session(model, tokenizer), [], request, registry, servers,
                         tool_choice=choice, max_steps=args.max_steps,
