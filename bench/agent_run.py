@@ -54,13 +54,8 @@ from zoneinfo import ZoneInfo
 from agent_session import _git_repository
 
 from nexus_mlx import load
-from nexus_mlx.agent.loop import (
-    DEFAULT_ANSWER_PROMPT,
-    AgentRun,
-    last_exchanges,
-    run_agent,
-)
 from nexus_mlx.agent.approval import READ_ONLY
+from nexus_mlx.agent.loop import DEFAULT_ANSWER_PROMPT, AgentRun, last_exchanges, run_agent
 from nexus_mlx.agent.mcp_server import McpServer, installed_server
 from nexus_mlx.agent.session import Session
 from nexus_mlx.tools.registry import ToolRegistry
@@ -97,9 +92,9 @@ _CLOCK = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?::\d{2})?(?:\s*([ap])\.?\s?m\
 def _stated_times(answer: str) -> set[str]:
     """The 24-hour ``HH:MM`` times ``answer`` may mean: one per time marked AM or PM
     (``6:16 PM`` is 18:16 only), both readings of an unmarked one of 1-12 hours written without
-    a leading zero (``5:01`` is 05:01 or 17:01), as written otherwise (``05:01``, ``17:01``). A time must not follow a digit or a colon, so a
-    time inside an ISO 8601 datetime (``2026-12-02T05:00:05+09:00``) counts and its ``MM:SS``
-    does not."""
+    a leading zero (``5:01`` is 05:01 or 17:01), as written otherwise (``05:01``, ``17:01``).
+    A time must not follow a digit or a colon, so a time inside an ISO 8601 datetime
+    (``2026-12-02T05:00:05+09:00``) counts and its ``MM:SS`` does not."""
     out = set()
     for hours, minutes, marker in _CLOCK.findall(answer):
         hour = int(hours)

@@ -76,7 +76,8 @@ def test_ask_hears_only_the_calls_the_policy_does_not_allow():
     assert not policy(ParsedCall("git.reset", {}), RESETTER)
     assert heard == [("git.reset", "git.reset")] * 2
     # only True approves: a truthy answer of the wrong kind is a refusal
-    assert not ApprovalPolicy(ask=lambda c, t: "yes")(ParsedCall("git.reset", {}), RESETTER)  # type: ignore[arg-type,return-value]
+    truthy = ApprovalPolicy(ask=lambda c, t: "yes")  # type: ignore[arg-type,return-value]
+    assert not truthy(ParsedCall("git.reset", {}), RESETTER)
 
 
 @pytest.mark.parametrize("bad, match", [

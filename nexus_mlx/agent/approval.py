@@ -58,6 +58,15 @@ def _names(value: Iterable[str], option: str) -> frozenset[str]:
     return names
 
 
+def check_approval(approve: object, option: str = "approve") -> CallApproval | None:
+    """``approve`` when it is None or callable, else an :class:`ArgumentError` naming
+    ``option``."""
+    if approve is not None and not callable(approve):
+        raise ArgumentError(f"{option} must be a callable (call, tool) -> bool or None, got "
+                            f"{approve!r}")
+    return approve  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class ApprovalPolicy:
     """Run what is allowed or declared safe enough; ask about or refuse the rest (module
@@ -75,9 +84,7 @@ class ApprovalPolicy:
             if not isinstance(getattr(self, option), bool):
                 raise ArgumentError(f"{option} must be True or False, got "
                                     f"{getattr(self, option)!r}")
-        if self.ask is not None and not callable(self.ask):
-            raise ArgumentError(f"ask must be a callable (call, tool) -> bool or None, got "
-                                f"{self.ask!r}")
+        check_approval(self.ask, "ask")
 
     def allows(self, tool: Tool) -> bool:
         """Whether ``tool``'s calls run without asking."""
@@ -93,11 +100,3 @@ class ApprovalPolicy:
 
 
 READ_ONLY = ApprovalPolicy()  # runs the tools that declare themselves read-only, refuses the rest
-
-
-def check_approval(approve: object) -> CallApproval | None:
-    """``approve`` when it is None or callable, else an :class:`ArgumentError`."""
-    if approve is not None and not callable(approve):
-        raise ArgumentError(f"approve must be a callable (call, tool) -> bool or None, got "
-                            f"{approve!r}")
-    return approve  # type: ignore[return-value]

@@ -101,6 +101,12 @@ class Execution:
     seconds: float
     approved: bool = True  # False: the run's approval policy refused it; it never ran
 
+    @property
+    def verdict(self) -> str:
+        """``"accepted"``, ``"refused"`` (by its server, or as an unknown tool) or
+        ``"not approved"`` (by the run's policy)."""
+        return "accepted" if self.ok else "refused" if self.approved else "not approved"
+
 
 @dataclass
 class AgentRun:
@@ -373,14 +379,15 @@ class _Steps:
         if len(self.parts) < 2 or not asking:
             return answer
         missing: list[ParsedCall] = []
+        seen = set(self.done_calls)  # made already, or gathered here
         first: Reply | None = None
         for part in asking:
             self.asked_parts.add(part_key(part))
             reply = self.session.generate(
                 [*base, {"role": "user", "content": follow_up_prompt(part)}], self.tools,
                 tool_choice="required", max_tokens=self.max_tokens)
-            new = [c for c in reply.tool_calls if _key(c) not in self.done_calls
-                   and all(_key(c) != _key(m) for m in missing)]
+            new = [c for c in reply.tool_calls if _key(c) not in seen]
+            seen.update(_key(c) for c in new)
             if new:
                 run.regenerated.append(f"step {step}: review: part {part!r} needs "
                                        f"{[c.name for c in new]}, not called yet")

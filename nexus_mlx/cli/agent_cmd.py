@@ -44,7 +44,8 @@ def server_spec(value: str) -> ServerSpec:
     name, sep, command = value.partition("=")
     if not sep or not name.strip():
         raise ArgumentError(f"--server {value!r} must be NAME=COMMAND, e.g. "
-                            "'time=mcp-server-time' (NAME prefixes its tools: time.get_current_time)")
+                            "'time=mcp-server-time' (NAME prefixes its tools: "
+                            "time.get_current_time)")
     try:
         words = shlex.split(command)
     except ValueError as exc:
@@ -86,18 +87,13 @@ def tool_choice(value: str, registry: ToolRegistry) -> str | dict[str, Any]:
     return {"type": "function", "function": {"name": value}}
 
 
-def _verdict(ok: bool, approved: bool) -> str:
-    return "accepted" if ok else "refused" if approved else "not approved"
-
-
 def print_run(run: AgentRun) -> None:
     """Each step, each call with its verdict, the loop's retries and the answer."""
     for index, report in enumerate(run.steps):
         print(describe_step(f"step {index + 1}", report))
     for done in run.executions:
         output = " ".join(done.output.split())[:160]
-        print(f"call {done.name}({json.dumps(done.arguments)}) -> "
-              f"{_verdict(done.ok, done.approved)}: {output}")
+        print(f"call {done.name}({json.dumps(done.arguments)}) -> {done.verdict}: {output}")
     for line in run.regenerated:
         print(f"retry: {line}")
     print(f"answer: {run.answer.strip()}" if run.finish == "answer"

@@ -5,9 +5,10 @@ multi-turn conversation over the live tools with one :class:`~nexus_mlx.agent.se
 two requests answered by the agent loop (tool calls in the model's own format executed on the
 live servers, results appended; only tools that declare themselves read-only run), then the two
 edits agents make — the tool list changes (one tool removed) and a stale bulky tool result is
-cut to a surrogate — each applied to the same live cache. Every step prints its path and what it reused, spliced, repaired and computed; the
-edit steps also print the next-token KL and top-1 agreement against a fresh prefill of the same
-request (the session's debug check). Returns the number of calls the servers accepted.
+cut to a surrogate — each applied to the same live cache. Every step prints its path and what it
+reused, spliced, repaired and computed; the edit steps also print the next-token KL and top-1
+agreement against a fresh prefill of the same request (the session's debug check). Returns the
+number of calls the servers accepted.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def _show_run(run: AgentRun, say: Say) -> int:
         say(describe_step(f"step {i + 1}", report))
     accepted = 0
     for done in run.executions:
-        verdict = "accepted" if done.ok else "refused" if done.approved else "not approved"
         accepted += done.ok
-        say(f"    call {done.name}({done.arguments}) -> {verdict}: {done.output[:100]!r}")
+        say(f"    call {done.name}({done.arguments}) -> {done.verdict}: {done.output[:100]!r}")
     say(f"  answer: {run.answer.strip()[:160]!r}" if run.finish == "answer"
         else "  (stopped at the step limit)")
     return accepted
